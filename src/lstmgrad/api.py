@@ -1,0 +1,202 @@
+"""The Pythonic API: validate -> normalise -> dispatch to the engine -> wrap the results."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import reference
+from .contract import (
+    BackwardCall,
+    ForwardCall,
+    LstmBackwardResult,
+    LstmForwardResult,
+    check_backward,
+    check_forward,
+)
+from .errors import LstmError, LstmInternalError
+from .workspace import Arena
+
+
+def run_backward(call: BackwardCall, arena: Arena | None = None) -> LstmBackwardResult:
+    """Run a validated backward call; results in the caller's layout."""
+    try:
+        dx, dh_prev, dc_prev, dparams = reference.lstm_backward(call, arena)
+    except LstmError:
+        raise
+    except Exception as exc:  # anything unexpected is the contract's internal error
+        raise LstmInternalError(f"lstm_backward: internal error: {exc!r}") from exc
+    if dx is not None:
+        dx = call.layout.from_time_major(dx)
+    return LstmBackwardResult(dx, dh_prev, dc_prev, dparams)
+
+
+def run_forward(call: ForwardCall, arena: Arena | None = None) -> LstmForwardResult:
+    """Run a validated forward call; output in the caller's layout."""
+    try:
+        y, hy, cy, saved = reference.lstm_forward(call, arena)
+    except LstmError:
+        raise
+    except Exception as exc:
+        raise LstmInternalError(f"lstm_forward: internal error: {exc!r}") from exc
+    return LstmForwardResult(call.layout.from_time_major(y), hy, cy, saved)
+
+
+def lstm_backward(
+    input: np.ndarray,
+    hx: Sequence[np.ndarray],
+    params: Sequence[np.ndarray],
+    dy: np.ndarray | None,
+    dh: np.ndarray | None,
+    dc: np.ndarray | None,
+    i: Sequence[np.ndarray],
+    g: Sequence[np.ndarray],
+    f: Sequence[np.ndarray],
+    o: Sequence[np.ndarray],
+    h: Sequence[np.ndarray],
+    c: Sequence[np.ndarray],
+    tanhc: Sequence[np.ndarray],
+    batch_sizes: np.ndarray | Sequence[int] | None = None,
+    *,
+    has_bias: bool = True,
+    num_layers: int = 1,
+    dropout: float = 0.0,
+    train: bool = True,
+    bidirectional: bool = False,
+    batch_first: bool = False,
+    output_mask: Sequence[bool] | None = None,
+    dropout_masks: Sequence[np.ndarray] | None = None,
+) -> LstmBackwardResult:
+    """Gradients of an LSTM w.r.t. its input, initial state and parameters (aclnnLstmBackward).
+
+    Legend: T steps, B batch, I input size, H hidden size, L num_layers, D = 2 if bidirectional
+    else 1, k = layer * D + direction. All arrays share input's dtype (float16, float32 or
+    float64); any strides are accepted and nothing is written into them.
+
+    Args:
+        input: ``input`` [T, B, I]; [B, T, I] if batch_first; [T*B, I] (padded, time-major)
+            with batch_sizes.
+        hx: ``hx`` [h0, c0], each [L*D, B, H] (zeros if the forward had no initial state).
+        params: ``params`` in PyTorch ``_flat_weights`` order: per layer weight_ih [4H, I or
+            D*H], weight_hh [4H, H], (bias_ih [4H], bias_hh [4H]), then the reverse direction's.
+        dy: ``dy`` gradient of the last layer's output, layout of input with width D*H; None = 0.
+        dh, dc: ``dh``/``dc`` gradients of h_n and c_n, [L*D, B, H]; None = 0.
+        i, g, f, o, h, c, tanhc: the forward's saved activations, lists of L*D arrays
+            [T, B, H], time-major (``LstmForwardResult.saved``).
+        batch_sizes: ``batchSizesOptional`` int64 [T]; number of sequences still running at
+            each step. Variable lengths in the padded layout; padding never influences a result.
+        has_bias, num_layers, dropout, train, bidirectional, batch_first: as in the forward.
+        output_mask: ``outputMask`` 4 booleans (dx, dh_prev, dc_prev, dparams); a False output
+            is neither computed nor returned (None). Default: all True.
+        dropout_masks: the forward's ``saved.dropout_masks`` (L-1 arrays [T, B, D*H]); required
+            when dropout > 0, train and num_layers > 1.
+
+    Returns:
+        LstmBackwardResult(dx, dh_prev, dc_prev, dparams): dx shaped like input, dh_prev and
+        dc_prev [L*D, B, H], dparams a list in params order (both bias gradients hold the same
+        sum of gate gradients).
+
+    Raises:
+        LstmNullArgumentError: (code 161001) a required argument or list element is None.
+        LstmInvalidArgumentError: (code 161002) a type, dtype, shape, length or value is wrong.
+        LstmInternalError: (code 561103) an unexpected failure while computing.
+
+    Example:
+        >>> import numpy as np, lstmgrad
+        >>> rng = np.random.default_rng(0)
+        >>> x = rng.standard_normal((5, 3, 4)).astype(np.float32)          # T, B, I
+        >>> params = [rng.standard_normal(s).astype(np.float32) * 0.3
+        ...           for s in [(24, 4), (24, 6), (24,), (24,)]]           # H = 6
+        >>> fwd = lstmgrad.lstm_forward(x, params)
+        >>> dy = np.ones_like(fwd.output)
+        >>> grads = lstmgrad.lstm_backward(x, [np.zeros((1, 3, 6), np.float32)] * 2, params,
+        ...                                dy, None, None, *fwd.saved[:7])
+        >>> grads.dx.shape, grads.dh_prev.shape, [p.shape for p in grads.dparams][:2]
+        ((5, 3, 4), (1, 3, 6), [(24, 4), (24, 6)])
+    """
+    call = check_backward(
+        "lstm_backward",
+        input,
+        hx,
+        params,
+        dy,
+        dh,
+        dc,
+        (i, g, f, o, h, c, tanhc),
+        batch_sizes,
+        has_bias,
+        num_layers,
+        dropout,
+        train,
+        bidirectional,
+        batch_first,
+        output_mask,
+        dropout_masks,
+    )
+    return run_backward(call)
+
+
+def lstm_forward(
+    input: np.ndarray,
+    params: Sequence[np.ndarray],
+    hx: Sequence[np.ndarray] | None = None,
+    batch_sizes: np.ndarray | Sequence[int] | None = None,
+    *,
+    has_bias: bool = True,
+    num_layers: int = 1,
+    dropout: float = 0.0,
+    train: bool = True,
+    bidirectional: bool = False,
+    batch_first: bool = False,
+    seed: Any = None,
+) -> LstmForwardResult:
+    """LSTM forward (aclnnLSTM), saving the activations the backward consumes.
+
+    Legend as in :func:`lstm_backward`.
+
+    Args:
+        input: ``input`` [T, B, I]; [B, T, I] if batch_first; [T*B, I] with batch_sizes
+            (then B is read from hx, or is the number of rows / T).
+        params: ``params`` in PyTorch ``_flat_weights`` order (see :func:`lstm_backward`).
+        hx: ``hx`` [h0, c0], each [L*D, B, H], or None for zeros.
+        batch_sizes: ``batchSizes`` int64 [T], variable lengths in the padded layout: at a
+            masked step the state carries through and the output is 0.
+        has_bias, num_layers, bidirectional, batch_first: the LSTM's configuration.
+        dropout, train: with train and dropout > 0, inverted dropout (probability dropout,
+            scale 1/(1-dropout)) on the input of every layer above the first.
+        seed: seed of the dropout masks (None: fresh entropy).
+
+    Returns:
+        LstmForwardResult(output, hy, cy, saved): output [T, B, D*H] in the layout of input
+        ([T*B, D*H] with batch_sizes); hy, cy [L*D, B, H], each sequence's last valid state;
+        saved (only with train, else None) = LstmSaved(i, g, f, o, h, c, tanhc, dropout_masks),
+        seven lists of L*D arrays [T, B, H] (time-major; at masked steps the gates and tanhc
+        are 0 and h, c hold the carried state) and the masks (L-1 arrays [T, B, D*H] or None).
+
+    Raises:
+        LstmNullArgumentError, LstmInvalidArgumentError, LstmInternalError: as lstm_backward.
+
+    Example:
+        >>> import numpy as np, lstmgrad
+        >>> x = np.ones((1, 1, 1))
+        >>> out = lstmgrad.lstm_forward(x, [np.ones((4, 1)), np.ones((4, 1))], has_bias=False)
+        >>> round(float(out.output[0, 0, 0]), 7), round(float(out.cy[0, 0, 0]), 7)
+        (0.3696064, 0.5567699)
+    """
+    call = check_forward(
+        "lstm_forward",
+        input,
+        params,
+        hx,
+        batch_sizes,
+        has_bias,
+        num_layers,
+        dropout,
+        train,
+        bidirectional,
+        batch_first,
+        seed,
+    )
+    return run_forward(call)
