@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .errors import LstmInvalidArgumentError, LstmNullArgumentError
-from .layout import B_HH, B_IH, W_HH, W_IH, Dims, num_params, param_name
+from .layout import W_HH, W_IH, Dims, num_params, param_name, params_per_direction
 from .varlen import mask_from_batch_sizes
 
 SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -306,16 +306,17 @@ def _hidden_size(fn: str, params: list[Any], dtype: np.dtype) -> int:
 def check_params(fn: str, params: list[Any], dims: Dims, dtype: np.dtype) -> list[np.ndarray]:
     """Every params element against its [4H, I|D*H], [4H, H] or [4H] shape."""
     out = []
+    per_dir = params_per_direction(dims.has_bias)
     for j, p in enumerate(params):
-        kind = j % (4 if dims.has_bias else 2)
-        layer = j // ((4 if dims.has_bias else 2) * dims.D)
+        kind = j % per_dir
+        layer = j // (per_dir * dims.D)
+        shape: tuple[int, ...]
         if kind == W_IH:
             isz = dims.layer_input_size(layer)
             shape, legend = (dims.G, isz), "4H, I" if layer == 0 else "4H, D*H"
         elif kind == W_HH:
             shape, legend = (dims.G, dims.H), "4H, H"
-        else:
-            assert kind in (B_IH, B_HH)
+        else:  # B_IH or B_HH
             shape, legend = (dims.G,), "4H"
         label = f"params[{j}] ({param_name(j, dims.D, dims.has_bias)})"
         out.append(check_array(fn, label, p, shape, legend, dtype, param="params"))
@@ -377,10 +378,13 @@ def _check_dropout_masks(
 ) -> list[np.ndarray] | None:
     """L-1 masks [T, B, D*H] when dropout applies (dropout > 0 and train), else None."""
     if not applies:
-        if value is not None and len(value) > 0:
+        if value is not None and not (isinstance(value, (list, tuple)) and len(value) == 0):
+            got = (
+                f"a list of {len(value)}" if isinstance(value, (list, tuple)) else _type_name(value)
+            )
             raise LstmInvalidArgumentError(
                 f"{fn}: dropout_masks must be None when dropout is 0 or train is False (they "
-                f"would be ignored), got a list of {len(value)}",
+                f"would be ignored), got {got}",
                 "dropout_masks",
             )
         return None
@@ -425,7 +429,7 @@ def check_backward(
     """Validate a backward call (SPEC 3-8) and normalise it; raise before any computation."""
     for name, value in (("input", input), ("hx", hx), ("params", params)):
         require(fn, name, value)
-    for name, value in zip(SAVED_NAMES, saved):
+    for name, value in zip(SAVED_NAMES, saved, strict=True):
         require(fn, name, value)
     has_bias = check_bool(fn, "has_bias", has_bias)
     num_layers = check_num_layers(fn, num_layers)
@@ -441,7 +445,7 @@ def check_backward(
 
     n_params = num_params(num_layers, bidirectional, has_bias)
     plist = check_list(fn, "params", params, n_params, "L * D * (4 if has_bias else 2)")
-    saved_lists = [check_list(fn, n, v, k, "L*D") for n, v in zip(SAVED_NAMES, saved)]
+    saved_lists = [check_list(fn, n, v, k, "L*D") for n, v in zip(SAVED_NAMES, saved, strict=True)]
 
     bs = None if batch_sizes is None else _check_batch_sizes(fn, batch_sizes)
     batch_hint = None
@@ -478,7 +482,7 @@ def check_backward(
             check_array(fn, f"{n}[{j}]", a, act_shape, "T, B, H", dtype, param=n)
             for j, a in enumerate(lst)
         ]
-        for n, lst in zip(SAVED_NAMES, saved_lists)
+        for n, lst in zip(SAVED_NAMES, saved_lists, strict=True)
     )
     masks = _check_dropout_masks(fn, dropout_masks, dims, dtype, applies=p > 0 and train)
     return BackwardCall(

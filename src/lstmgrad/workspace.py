@@ -40,9 +40,9 @@ class Arena:
     def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """An uninitialised array of ``shape`` and ``dtype``."""
         dtype = np.dtype(dtype)
-        if self._buffer is None:
-            return np.empty(shape, dtype=dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if self._buffer is None or nbytes == 0:
+            return np.empty(shape, dtype=dtype)
         end = self._offset + nbytes
         if end > self._buffer.nbytes:
             raise MemoryError(

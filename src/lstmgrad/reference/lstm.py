@@ -77,7 +77,7 @@ def lstm_forward(
                 # (F10) inverted dropout on the input of every layer above the first
                 keep = rng.random(y.shape) >= call.dropout
                 scale = 1.0 / (1.0 - call.dropout) if call.dropout < 1.0 else 0.0
-                mask = (keep * scale).astype(dtype)
+                mask = np.where(keep, scale, 0.0).astype(dtype)
                 masks.append(mask)
                 x *= mask
         y_next = np.zeros_like(y)
@@ -120,7 +120,9 @@ def lstm_forward(
     result_saved = None
     if call.train:
         lists_masks = masks if call.dropout > 0 else None
-        result_saved = LstmSaved(*lists, dropout_masks=lists_masks)
+        result_saved = LstmSaved(
+            lists[0], lists[1], lists[2], lists[3], lists[4], lists[5], lists[6], lists_masks
+        )
     return y, hy, cy, result_saved
 
 

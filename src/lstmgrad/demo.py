@@ -1,0 +1,210 @@
+"""The checks behind ``lstmgrad demo``: the documented sample and a random checked case."""
+
+from __future__ import annotations
+
+import math
+from typing import TextIO
+
+import numpy as np
+
+from .api import lstm_backward, lstm_forward
+from .varlen import batch_sizes_from_lengths
+
+# SPEC 11: the operator documentation's samples, and the values they document.
+SAMPLE_DC_PREV = 1.8399487
+SAMPLE_Y, SAMPLE_CY = 0.3696064, 0.5567699
+
+
+def _sample_backward(dtype: type) -> tuple[dict[str, float], dict[str, float]]:
+    """T = B = 1, I = H = 8, every input 1 except tanhc = tanh(1)."""
+    one = np.ones((1, 1, 8), dtype)
+    params = [
+        np.ones((32, 8), dtype),
+        np.ones((32, 8), dtype),
+        np.ones(32, dtype),
+        np.ones(32, dtype),
+    ]
+    saved = [[one] for _ in range(6)] + [[np.full((1, 1, 8), math.tanh(1.0), dtype)]]
+    r = lstm_backward(one, [one, one], params, one, one, one, *saved)
+    assert r.dx is not None and r.dh_prev is not None and r.dc_prev is not None and r.dparams
+    got = {
+        "dx": float(np.abs(r.dx).max()),
+        "dh_prev": float(np.abs(r.dh_prev).max()),
+        "dc_prev (min)": float(r.dc_prev.min()),
+        "dc_prev (max)": float(r.dc_prev.max()),
+        "dW_ih, dW_hh, db": float(max(np.abs(p).max() for p in r.dparams)),
+    }
+    want = {
+        "dx": 0.0,
+        "dh_prev": 0.0,
+        "dc_prev (min)": SAMPLE_DC_PREV,
+        "dc_prev (max)": SAMPLE_DC_PREV,
+        "dW_ih, dW_hh, db": 0.0,
+    }
+    return got, want
+
+
+def _sample_forward(dtype: type) -> tuple[dict[str, float], dict[str, float]]:
+    """T = B = I = H = 1, no bias, params 1, x = 1, no hx."""
+    x = np.ones((1, 1, 1), dtype)
+    out = lstm_forward(x, [np.ones((4, 1), dtype), np.ones((4, 1), dtype)], has_bias=False)
+    got = {
+        "y": float(out.output[0, 0, 0]),
+        "hy": float(out.hy[0, 0, 0]),
+        "cy": float(out.cy[0, 0, 0]),
+    }
+    return got, {"y": SAMPLE_Y, "hy": SAMPLE_Y, "cy": SAMPLE_CY}
+
+
+def random_case(seed: int, dtype: type = np.float64) -> dict[str, object]:
+    """A 2-layer bidirectional case with lengths [6, 5, 3, 1] in the padded layout."""
+    rng = np.random.default_rng(seed)
+    t_steps, batch, isz, hidden, layers = 6, 4, 5, 7, 2
+    lengths = [6, 5, 3, 1]
+    bs = batch_sizes_from_lengths(lengths)
+    params = []
+    for layer in range(layers):
+        for _ in range(2):
+            w_in = isz if layer == 0 else 2 * hidden
+            params += [
+                rng.uniform(-0.4, 0.4, (4 * hidden, w_in)),
+                rng.uniform(-0.4, 0.4, (4 * hidden, hidden)),
+                rng.uniform(-0.4, 0.4, 4 * hidden),
+                rng.uniform(-0.4, 0.4, 4 * hidden),
+            ]
+    return {
+        "x": rng.standard_normal((t_steps * batch, isz)),
+        "hx": [rng.standard_normal((2 * layers, batch, hidden)) for _ in range(2)],
+        "params": params,
+        "dy": rng.standard_normal((t_steps * batch, 2 * hidden)),
+        "dh": rng.standard_normal((2 * layers, batch, hidden)),
+        "dc": rng.standard_normal((2 * layers, batch, hidden)),
+        "batch_sizes": bs,
+        "lengths": lengths,
+        "dims": (t_steps, batch, isz, hidden, layers),
+    }
+
+
+def _grads(case: dict, dtype: type) -> dict[str, np.ndarray]:
+    cast = lambda a: np.asarray(a, dtype)  # noqa: E731
+    x, hx, params = (
+        cast(case["x"]),
+        [cast(a) for a in case["hx"]],
+        [cast(p) for p in case["params"]],
+    )
+    kw = dict(num_layers=2, bidirectional=True)
+    fwd = lstm_forward(x, params, hx, case["batch_sizes"], **kw)
+    assert fwd.saved is not None
+    r = lstm_backward(
+        x,
+        hx,
+        params,
+        cast(case["dy"]),
+        cast(case["dh"]),
+        cast(case["dc"]),
+        *fwd.saved[:7],
+        case["batch_sizes"],
+        **kw,
+    )
+    return _named(fwd.output, r.dx, r.dh_prev, r.dc_prev, r.dparams)
+
+
+def _named(y, dx, dh_prev, dc_prev, dparams) -> dict[str, np.ndarray]:
+    weights = [p for j, p in enumerate(dparams) if j % 4 < 2]
+    biases = [p for j, p in enumerate(dparams) if j % 4 >= 2]
+    return {
+        "output": np.asarray(y, np.float64),
+        "dx": np.asarray(dx, np.float64),
+        "dh_prev": np.asarray(dh_prev, np.float64),
+        "dc_prev": np.asarray(dc_prev, np.float64),
+        "dW (all)": np.concatenate([np.asarray(w, np.float64).ravel() for w in weights]),
+        "db (all)": np.concatenate([np.asarray(b, np.float64).ravel() for b in biases]),
+    }
+
+
+def _torch_grads(case: dict) -> dict[str, np.ndarray] | None:
+    try:
+        import torch
+        from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+    except ImportError:
+        return None
+    t_steps, batch, isz, hidden, layers = case["dims"]
+    lstm = torch.nn.LSTM(isz, hidden, layers, bidirectional=True).double()
+    with torch.no_grad():
+        for p, v in zip(lstm._flat_weights, case["params"], strict=True):
+            p.copy_(torch.from_numpy(v))
+    x = torch.from_numpy(case["x"].reshape(t_steps, batch, isz)).requires_grad_()
+    h0, c0 = (torch.from_numpy(a).requires_grad_() for a in case["hx"])
+    packed = pack_padded_sequence(x, torch.tensor(case["lengths"]))
+    out, (hn, cn) = lstm(packed, (h0, c0))
+    y, _ = pad_packed_sequence(out, total_length=t_steps)
+    dy = torch.from_numpy(case["dy"].reshape(t_steps, batch, 2 * hidden))
+    loss = (
+        (y * dy).sum()
+        + (hn * torch.from_numpy(case["dh"])).sum()
+        + (cn * torch.from_numpy(case["dc"])).sum()
+    )
+    loss.backward()
+    return _named(
+        y.detach().numpy().reshape(t_steps * batch, -1),
+        x.grad.numpy().reshape(t_steps * batch, isz),
+        h0.grad.numpy(),
+        c0.grad.numpy(),
+        [p.grad.numpy() for p in lstm._flat_weights],
+    )
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    scale = max(float(np.abs(b).max(initial=0.0)), 1e-300)
+    return float(np.abs(a - b).max(initial=0.0)) / scale
+
+
+def run_demo(seed: int = 0, use_torch: bool = True, out: TextIO | None = None) -> bool:
+    """Print the sample and the random case's error table; True if every check passes."""
+    import sys
+
+    out = out or sys.stdout
+    ok = True
+
+    def say(line: str = "") -> None:
+        print(line, file=out)
+
+    say("1. The documented sample (SPEC 11), computed vs expected")
+    say(f"   {'dtype':<8} {'output':<18} {'computed':>12} {'expected':>12}  check")
+    for dtype, tol in ((np.float64, 5e-8), (np.float32, 5e-7), (np.float16, 2e-3)):
+        for got, want in (_sample_backward(dtype), _sample_forward(dtype)):
+            for name in got:
+                good = abs(got[name] - want[name]) <= tol
+                ok &= good
+                say(
+                    f"   {np.dtype(dtype).name:<8} {name:<18} {got[name]:>12.7f} {want[name]:>12.7f}  {'ok' if good else 'FAIL'}"
+                )
+    say()
+    case = random_case(seed)
+    t_steps, batch, isz, hidden, layers = case["dims"]
+    say(
+        f"2. Random case (seed {seed}): T={t_steps} B={batch} I={isz} H={hidden} L={layers} "
+        f"bidirectional, lengths {case['lengths']} (batch_sizes {case['batch_sizes'].tolist()})"
+    )
+    ref = _grads(case, np.float64)
+    f32 = _grads(case, np.float32)
+    torch_g = _torch_grads(case) if use_torch else None
+    cols = ["float32 vs float64 reference"]
+    if torch_g is not None:
+        cols.append("float64 vs PyTorch autograd")
+    say("   max relative error per output (limits: float32 1e-5, PyTorch 1e-10)")
+    say(f"   {'output':<10}" + "".join(f" {c:>30}" for c in cols))
+    for name in ref:
+        errs = [(_rel(f32[name], ref[name]), 1e-5)]
+        if torch_g is not None:
+            errs.append((_rel(ref[name], torch_g[name]), 1e-10))
+        good = all(e <= lim for e, lim in errs)
+        ok &= good
+        say(
+            f"   {name:<10}" + "".join(f" {e:>30.2e}" for e, _ in errs) + ("" if good else "  FAIL")
+        )
+    if torch_g is None:
+        say("   (PyTorch not installed or --no-torch: autograd column skipped)")
+    say()
+    say("all checks passed" if ok else "SOME CHECKS FAILED")
+    return bool(ok)
