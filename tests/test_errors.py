@@ -164,7 +164,10 @@ def forward_varlen(forward: ForwardCase) -> ForwardCase:
 
 
 def test_fixtures_are_valid(
-    dense: BackwardCase, varlen: BackwardCase, with_dropout: BackwardCase, forward: ForwardCase,
+    dense: BackwardCase,
+    varlen: BackwardCase,
+    with_dropout: BackwardCase,
+    forward: ForwardCase,
     forward_varlen: ForwardCase,
 ) -> None:
     for case in (dense, varlen, with_dropout):
@@ -223,9 +226,7 @@ def shape_str(shape: tuple[int, ...]) -> str:
 # lstm_backward: 161001
 
 
-@pytest.mark.parametrize(
-    "name", ["input", "hx", "params", "i", "g", "f", "o", "h", "c", "tanhc"]
-)
+@pytest.mark.parametrize("name", ["input", "hx", "params", "i", "g", "f", "o", "h", "c", "tanhc"])
 def test_backward_required_argument_none(dense: BackwardCase, name: str) -> None:
     expect_error(
         lambda: dense.call(**{name: None}), LstmNullArgumentError, name, name, "required", "None"
@@ -460,8 +461,15 @@ def test_backward_hx_wrong_length(dense: BackwardCase) -> None:
         (2, 2, True, {"num_layers": 3}),
         (2, 2, True, {"num_layers": 1}),
     ],
-    ids=["L1-params", "L3-params", "nobias-params", "D1-params", "has_bias-False",
-         "num_layers-3", "num_layers-1"],
+    ids=[
+        "L1-params",
+        "L3-params",
+        "nobias-params",
+        "D1-params",
+        "has_bias-False",
+        "num_layers-3",
+        "num_layers-1",
+    ],
 )
 def test_backward_params_wrong_length(
     dense: BackwardCase, layers: int, dirs: int, bias: bool, flags: dict[str, Any]
@@ -515,8 +523,7 @@ def test_backward_saved_list_wrong_length(dense: BackwardCase, name: str, delta:
         ("i", lambda c: np.stack(c.args["i"]), "ndarray"),
         ("tanhc", lambda c: "tanhc", "str"),
     ],
-    ids=["hx-stacked", "hx-one-array", "params-generator", "params-dict", "i-stacked",
-         "tanhc-str"],
+    ids=["hx-stacked", "hx-one-array", "params-generator", "params-dict", "i-stacked", "tanhc-str"],
 )
 def test_backward_list_argument_not_a_list(
     dense: BackwardCase, name: str, make_bad: Callable[[BackwardCase], Any], got: str
@@ -537,8 +544,17 @@ def test_backward_list_argument_not_a_list(
 
 @pytest.mark.parametrize(
     "name, j",
-    [("input", None), ("dy", None), ("dh", None), ("dc", None), ("hx", 0), ("params", 3),
-     ("params", 8), ("i", 0), ("tanhc", 2)],
+    [
+        ("input", None),
+        ("dy", None),
+        ("dh", None),
+        ("dc", None),
+        ("hx", 0),
+        ("params", 3),
+        ("params", 8),
+        ("i", 0),
+        ("tanhc", 2),
+    ],
 )
 def test_backward_not_an_ndarray(dense: BackwardCase, name: str, j: int | None) -> None:
     if j is None:
@@ -583,8 +599,16 @@ def test_backward_params1_not_an_ndarray(dense: BackwardCase) -> None:
 
 @pytest.mark.parametrize(
     "value, got",
-    [(0, "0"), (-1, "-1"), (1.5, "float"), (True, "bool"), (np.bool_(True), "bool"),
-     ("2", "str"), (None, "NoneType"), (2.0, "float")],
+    [
+        (0, "0"),
+        (-1, "-1"),
+        (1.5, "float"),
+        (True, "bool"),
+        (np.bool_(True), "bool"),
+        ("2", "str"),
+        (None, "NoneType"),
+        (2.0, "float"),
+    ],
     ids=["zero", "negative", "float", "True", "np-True", "str", "None", "float-2.0"],
 )
 def test_backward_num_layers_invalid(dense: BackwardCase, value: Any, got: str) -> None:
@@ -601,8 +625,15 @@ def test_backward_num_layers_invalid(dense: BackwardCase, value: Any, got: str) 
 @pytest.mark.parametrize("name", FLAGS)
 @pytest.mark.parametrize(
     "value, got",
-    [(1, "int"), (0, "int"), ("yes", "str"), (None, "NoneType"), (1.0, "float"),
-     (np.int64(1), "int64"), (np.array([True]), "ndarray")],
+    [
+        (1, "int"),
+        (0, "int"),
+        ("yes", "str"),
+        (None, "NoneType"),
+        (1.0, "float"),
+        (np.int64(1), "int64"),
+        (np.array([True]), "ndarray"),
+    ],
     ids=["int-1", "int-0", "str", "None", "float", "np-int64", "np-array"],
 )
 def test_backward_flag_not_bool(dense: BackwardCase, name: str, value: Any, got: str) -> None:
@@ -618,11 +649,19 @@ def test_backward_flag_not_bool(dense: BackwardCase, name: str, value: Any, got:
 
 @pytest.mark.parametrize(
     "value, got",
-    [(-0.1, "-0.1"), (1.5, "1.5"), (float("nan"), "nan"), (float("inf"), "inf"),
-     (-math.inf, "-inf"), ("0.1", "str"), (True, "bool"), (None, "NoneType"),
-     (np.float32(2.0), "2.0"), (1.0 + 0j, "complex")],
-    ids=["negative", "above-1", "nan", "inf", "-inf", "str", "True", "None", "np-2.0",
-         "complex"],
+    [
+        (-0.1, "-0.1"),
+        (1.5, "1.5"),
+        (float("nan"), "nan"),
+        (float("inf"), "inf"),
+        (-math.inf, "-inf"),
+        ("0.1", "str"),
+        (True, "bool"),
+        (None, "NoneType"),
+        (np.float32(2.0), "2.0"),
+        (1.0 + 0j, "complex"),
+    ],
+    ids=["negative", "above-1", "nan", "inf", "-inf", "str", "True", "None", "np-2.0", "complex"],
 )
 def test_backward_dropout_invalid(dense: BackwardCase, value: Any, got: str) -> None:
     expect_error(
@@ -652,8 +691,17 @@ def test_backward_dropout_invalid(dense: BackwardCase, value: Any, got: str) -> 
         ("33221", "str"),
         (5, "int"),
     ],
-    ids=["float-array", "int32-array", "2d-array", "0d-array", "float-list", "bool-list",
-         "nested-list", "str", "int"],
+    ids=[
+        "float-array",
+        "int32-array",
+        "2d-array",
+        "0d-array",
+        "float-list",
+        "bool-list",
+        "nested-list",
+        "str",
+        "int",
+    ],
 )
 def test_backward_batch_sizes_wrong_type(varlen: BackwardCase, value: Any, got: str) -> None:
     expect_error(
@@ -668,8 +716,12 @@ def test_backward_batch_sizes_wrong_type(varlen: BackwardCase, value: Any, got: 
 
 @pytest.mark.parametrize(
     "value, t",
-    [([3, 3, B + 1, 2, 1], 2), ([3, 3, 2, 2, -1], 4), (np.array([-5, 3, 2, 2, 1]), 0),
-     ([3, 3, 2, 2, 100], 4)],
+    [
+        ([3, 3, B + 1, 2, 1], 2),
+        ([3, 3, 2, 2, -1], 4),
+        (np.array([-5, 3, 2, 2, 1]), 0),
+        ([3, 3, 2, 2, 100], 4),
+    ],
     ids=["above-B", "negative", "negative-array", "far-above-B"],
 )
 def test_backward_batch_sizes_out_of_range(varlen: BackwardCase, value: Any, t: int) -> None:
@@ -725,7 +777,10 @@ def test_backward_batch_sizes_i0_not_3d(varlen: BackwardCase) -> None:
     ids=["2d-no-bs", "4d-no-bs", "1d-no-bs", "3d-bs", "1d-bs", "4d-bs"],
 )
 def test_backward_input_rank(
-    dense: BackwardCase, varlen: BackwardCase, shape: tuple[int, ...], with_bs: bool,
+    dense: BackwardCase,
+    varlen: BackwardCase,
+    shape: tuple[int, ...],
+    with_bs: bool,
     expected: str,
 ) -> None:
     case = varlen if with_bs else dense
@@ -741,8 +796,11 @@ def test_backward_input_rank(
 
 @pytest.mark.parametrize(
     "rows, bs, expected_rows",
-    [(T * B - 1, [3, 3, 2, 2, 1], T * B), (T * B + B, [3, 3, 2, 2, 1], T * B),
-     (T * B, [3, 3, 2, 2], (T - 1) * B)],
+    [
+        (T * B - 1, [3, 3, 2, 2, 1], T * B),
+        (T * B + B, [3, 3, 2, 2, 1], T * B),
+        (T * B, [3, 3, 2, 2], (T - 1) * B),
+    ],
     ids=["one-row-short", "one-step-too-many", "batch_sizes-shorter-than-T"],
 )
 def test_backward_input_rows_with_batch_sizes(
@@ -767,7 +825,7 @@ def test_backward_input_rows_with_batch_sizes(
     [
         ((True, True, True), "length 3"),
         ([True] * 5, "length 5"),
-        ((1, 0, 1, 1), "(1, 0, 1, 1)"[1:-1]),
+        ((1, 0, 1, 1), "1, 0, 1, 1"),
         ([True, True, True, None], "None"),
         ([True, True, "yes", True], "'yes'"),
         ("1111", "str"),
@@ -776,8 +834,18 @@ def test_backward_input_rows_with_batch_sizes(
         (np.ones((2, 2), dtype=bool), "[2, 2]"),
         ({True, False}, "set"),
     ],
-    ids=["length-3", "length-5", "ints", "None-entry", "str-entry", "str", "bool",
-         "int-array", "2d-bool-array", "set"],
+    ids=[
+        "length-3",
+        "length-5",
+        "ints",
+        "None-entry",
+        "str-entry",
+        "str",
+        "bool",
+        "int-array",
+        "2d-bool-array",
+        "set",
+    ],
 )
 def test_backward_output_mask_invalid(dense: BackwardCase, value: Any, got: str) -> None:
     expect_error(
@@ -796,33 +864,42 @@ def test_backward_output_mask_invalid(dense: BackwardCase, value: Any, got: str)
 
 def test_backward_dropout_masks_required(with_dropout: BackwardCase) -> None:
     """dropout > 0, train and num_layers > 1 without the masks: the gradient is not exact."""
-    for value in (None,):
-        expect_error(
-            lambda value=value: with_dropout.call(dropout_masks=value),
-            LstmInvalidArgumentError,
-            "dropout_masks",
-            "dropout_masks",
-            "required",
-            "None",
-        )
+    expect_error(
+        lambda: with_dropout.call(dropout_masks=None),
+        LstmInvalidArgumentError,
+        "dropout_masks",
+        "dropout_masks",
+        "required",
+        "None",
+    )
 
 
 @pytest.mark.parametrize(
-    "flags, make_masks",
+    "flags, make_masks, got",
     [
-        ({"dropout": 0.0}, lambda m: list(m)),
-        ({"dropout": 0.0}, lambda m: tuple(m)),
-        ({"dropout": 0}, lambda m: [m[0], m[0]]),
-        ({"dropout": 0.5, "train": False}, lambda m: list(m)),
-        ({"dropout": 0.0}, lambda m: np.stack(m)),
-        ({"dropout": 0.0}, lambda m: m[0][0, 0, 0]),  # a NumPy scalar
-        ({"dropout": 0.0}, lambda m: 5),
+        ({"dropout": 0.0}, lambda m: list(m), "list of 1"),
+        ({"dropout": 0.0}, lambda m: tuple(m), "of 1"),
+        ({"dropout": 0}, lambda m: [m[0], m[0]], "list of 2"),
+        ({"dropout": 0.5, "train": False}, lambda m: list(m), "list of 1"),
+        ({"dropout": 0.0}, lambda m: np.stack(m), "ndarray"),
+        ({"dropout": 0.0}, lambda m: m[0][0, 0, 0], "float32"),  # a NumPy scalar
+        ({"dropout": 0.0}, lambda m: 5, "int"),
     ],
-    ids=["list-dropout-0", "tuple-dropout-0", "two-dropout-int-0", "train-False",
-         "ndarray-dropout-0", "np-scalar-dropout-0", "int-dropout-0"],
+    ids=[
+        "list-dropout-0",
+        "tuple-dropout-0",
+        "two-dropout-int-0",
+        "train-False",
+        "ndarray-dropout-0",
+        "np-scalar-dropout-0",
+        "int-dropout-0",
+    ],
 )
 def test_backward_dropout_masks_without_dropout(
-    with_dropout: BackwardCase, flags: dict[str, Any], make_masks: Callable[[Any], Any]
+    with_dropout: BackwardCase,
+    flags: dict[str, Any],
+    make_masks: Callable[[Any], Any],
+    got: str,
 ) -> None:
     """Masks that would be ignored (dropout == 0 or train False) are rejected."""
     masks = make_masks(with_dropout.args["dropout_masks"])
@@ -831,7 +908,8 @@ def test_backward_dropout_masks_without_dropout(
         LstmInvalidArgumentError,
         "dropout_masks",
         "dropout_masks",
-        "None",
+        "must be None",
+        got,
     )
 
 
@@ -849,7 +927,10 @@ def test_backward_dropout_masks_without_dropout(
     ids=["empty", "two", "width-H", "batch-first", "flat", "list-element", "ndarray"],
 )
 def test_backward_dropout_masks_wrong_length_or_shape(
-    with_dropout: BackwardCase, make_masks: Callable[[Any], Any], label: str, expected: str,
+    with_dropout: BackwardCase,
+    make_masks: Callable[[Any], Any],
+    label: str,
+    expected: str,
     got: str,
 ) -> None:
     masks = make_masks(with_dropout.args["dropout_masks"])
@@ -873,8 +954,17 @@ def test_backward_dropout_masks_for_one_layer(dense: BackwardCase) -> None:
     kw = {n: list(v) for n, v in zip(SAVED, fwd.saved[:7], strict=True)}
     expect_error(
         lambda: lstmgrad.lstm_backward(
-            x, hx, params, None, None, None, **kw, num_layers=1, bidirectional=True,
-            dropout=0.5, dropout_masks=[_zeros((T, B, D * H))],
+            x,
+            hx,
+            params,
+            None,
+            None,
+            None,
+            **kw,
+            num_layers=1,
+            bidirectional=True,
+            dropout=0.5,
+            dropout_masks=[_zeros((T, B, D * H))],
         ),
         LstmInvalidArgumentError,
         "dropout_masks",
@@ -935,8 +1025,14 @@ def test_forward_none_inside_hx_with_batch_sizes(forward_varlen: ForwardCase) ->
         ("params", 2, (G + 1,), (G,)),
         ("params", 1, (G, H + 2), (G, H)),
     ],
-    ids=["hx0-first-dim", "hx1-H", "hx0-2d", "w_ih_l1-I-columns", "b_ih_l0-length",
-         "w_hh_l0-columns"],
+    ids=[
+        "hx0-first-dim",
+        "hx1-H",
+        "hx0-2d",
+        "w_ih_l1-I-columns",
+        "b_ih_l0-length",
+        "w_hh_l0-columns",
+    ],
 )
 def test_forward_wrong_shape(
     forward: ForwardCase, name: str, j: int, bad: tuple[int, ...], expected: tuple[int, ...]
@@ -1087,13 +1183,14 @@ def test_forward_batch_sizes_out_of_range(
 
 @pytest.mark.parametrize(
     "value, got",
-    [(np.array([3.0, 3, 2, 2, 1]), "float64"), (np.array([3, 3, 2, 2, 1], np.int32), "int32"),
-     (np.array([[3, 3, 2, 2, 1]]), "[1, 5]")],
+    [
+        (np.array([3.0, 3, 2, 2, 1]), "float64"),
+        (np.array([3, 3, 2, 2, 1], np.int32), "int32"),
+        (np.array([[3, 3, 2, 2, 1]]), "[1, 5]"),
+    ],
     ids=["float-array", "int32-array", "2d-array"],
 )
-def test_forward_batch_sizes_wrong_type(
-    forward_varlen: ForwardCase, value: Any, got: str
-) -> None:
+def test_forward_batch_sizes_wrong_type(forward_varlen: ForwardCase, value: Any, got: str) -> None:
     expect_error(
         lambda: forward_varlen.call(batch_sizes=value),
         LstmInvalidArgumentError,
@@ -1185,12 +1282,21 @@ def _boom(*args: Any, **kwargs: Any) -> Any:
     raise _Reached("the engine was called")
 
 
+def _assert_reaches_engine(call: Callable[[], Any]) -> None:
+    """The valid call does reach the (stubbed) engine; the API wraps its failure as 561103."""
+    with pytest.raises(lstmgrad.LstmInternalError) as info:
+        call()
+    assert isinstance(info.value.__cause__, _Reached)
+
+
 BAD_BACKWARD: list[tuple[str, Callable[[BackwardCase], dict[str, Any]]]] = [
     ("tanhc-None", lambda c: {"tanhc": None}),
     ("hx1-None", lambda c: {"hx": [c.args["hx"][0], None]}),
     ("dy-shape", lambda c: {"dy": _zeros((T, B, H))}),
-    ("tanhc3-dtype", lambda c: {"tanhc": replaced(c.args["tanhc"], 3,
-                                                  c.args["tanhc"][3].astype(np.float64))}),
+    (
+        "tanhc3-dtype",
+        lambda c: {"tanhc": replaced(c.args["tanhc"], 3, c.args["tanhc"][3].astype(np.float64))},
+    ),
     ("c-length", lambda c: {"c": c.args["c"][:-1]}),
     ("output_mask", lambda c: {"output_mask": (1, 0, 1, 1)}),
     ("dropout_masks-missing", lambda c: {"dropout": 0.3}),
@@ -1199,18 +1305,15 @@ BAD_BACKWARD: list[tuple[str, Callable[[BackwardCase], dict[str, Any]]]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    "make_bad", [b for _, b in BAD_BACKWARD], ids=[n for n, _ in BAD_BACKWARD]
-)
+@pytest.mark.parametrize("make_bad", [b for _, b in BAD_BACKWARD], ids=[n for n, _ in BAD_BACKWARD])
 def test_backward_errors_before_computation(
-    dense: BackwardCase, monkeypatch: pytest.MonkeyPatch,
+    dense: BackwardCase,
+    monkeypatch: pytest.MonkeyPatch,
     make_bad: Callable[[BackwardCase], dict[str, Any]],
 ) -> None:
-    snapshot = {n: [a.copy() for a in v] for n, v in dense.args.items()
-                if isinstance(v, list)}
+    snapshot = {n: [a.copy() for a in v] for n, v in dense.args.items() if isinstance(v, list)}
     monkeypatch.setattr(lstmgrad.api.reference, "lstm_backward", _boom)
-    with pytest.raises(_Reached):  # the valid call does reach the engine
-        dense.call()
+    _assert_reaches_engine(dense.call)
     with pytest.raises(LstmArgumentError):
         dense.call(**make_bad(dense))
     for n, v in snapshot.items():  # nothing was written into the caller's arrays
@@ -1232,8 +1335,7 @@ def test_forward_errors_before_computation(
     forward: ForwardCase, monkeypatch: pytest.MonkeyPatch, bad: dict[str, Any]
 ) -> None:
     monkeypatch.setattr(lstmgrad.api.reference, "lstm_forward", _boom)
-    with pytest.raises(_Reached):
-        forward.call()
+    _assert_reaches_engine(forward.call)
     with pytest.raises(LstmArgumentError):
         forward.call(**bad)
 
@@ -1288,7 +1390,11 @@ def test_valid_batch_sizes_forms(varlen: BackwardCase, bs: Any) -> None:
     r = varlen.call(batch_sizes=bs)
     assert r.dx.shape == (T * B, I)
     f = lstmgrad.lstm_forward(
-        varlen.args["input"], varlen.args["params"], varlen.args["hx"], bs, num_layers=L,
+        varlen.args["input"],
+        varlen.args["params"],
+        varlen.args["hx"],
+        bs,
+        num_layers=L,
         bidirectional=True,
     )
     assert f.output.shape == (T * B, D * H)
@@ -1297,8 +1403,12 @@ def test_valid_batch_sizes_forms(varlen: BackwardCase, bs: Any) -> None:
 @pytest.mark.parametrize(
     "over",
     [
-        {"has_bias": np.True_, "train": np.True_, "bidirectional": np.True_,
-         "batch_first": np.False_},
+        {
+            "has_bias": np.True_,
+            "train": np.True_,
+            "bidirectional": np.True_,
+            "batch_first": np.False_,
+        },
         {"num_layers": np.int64(L)},
         {"dropout": 0},
         {"dropout": np.float32(0.0)},
@@ -1307,8 +1417,16 @@ def test_valid_batch_sizes_forms(varlen: BackwardCase, bs: Any) -> None:
         {"dropout_masks": []},  # an empty list is "no masks"
         {"batch_first": True, "batch_sizes": None},
     ],
-    ids=["numpy-bools", "numpy-int", "int-dropout", "np-float-dropout", "dropout-not-training",
-         "no-dy-dh-dc", "empty-masks", "batch-first"],
+    ids=[
+        "numpy-bools",
+        "numpy-int",
+        "int-dropout",
+        "np-float-dropout",
+        "dropout-not-training",
+        "no-dy-dh-dc",
+        "empty-masks",
+        "batch-first",
+    ],
 )
 def test_valid_scalar_forms(dense: BackwardCase, over: dict[str, Any]) -> None:
     kw = dict(over)
@@ -1333,12 +1451,29 @@ def test_valid_dropout_one_layer_without_masks(dense: BackwardCase) -> None:
     fwd = lstmgrad.lstm_forward(x, params, hx, num_layers=1, bidirectional=True, dropout=0.5)
     assert fwd.saved is not None
     r = lstmgrad.lstm_backward(
-        x, hx, params, None, None, None, *fwd.saved[:7], num_layers=1, bidirectional=True,
-        dropout=0.5, dropout_masks=fwd.saved.dropout_masks,
+        x,
+        hx,
+        params,
+        None,
+        None,
+        None,
+        *fwd.saved[:7],
+        num_layers=1,
+        bidirectional=True,
+        dropout=0.5,
+        dropout_masks=fwd.saved.dropout_masks,
     )
     assert r.dx.shape == x.shape
     r = lstmgrad.lstm_backward(
-        x, hx, params, None, None, None, *fwd.saved[:7], num_layers=1, bidirectional=True,
+        x,
+        hx,
+        params,
+        None,
+        None,
+        None,
+        *fwd.saved[:7],
+        num_layers=1,
+        bidirectional=True,
         dropout=0.5,
     )
     assert r.dx.shape == x.shape
@@ -1349,5 +1484,6 @@ def test_valid_forward_edges(forward: ForwardCase, forward_varlen: ForwardCase) 
     assert forward.call(seed=np.int64(7), dropout=1.0).output.shape == (T, B, D * H)
     assert forward.call(seed=0, dropout=0.5, train=False).saved is None
     assert forward_varlen.call(hx=None, batch_sizes=[2, 3, 1, 0, 3]).output.shape == (
-        T * B, D * H,
+        T * B,
+        D * H,
     )

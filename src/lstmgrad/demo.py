@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import TextIO
+from dataclasses import dataclass
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -17,15 +18,12 @@ SAMPLE_Y, SAMPLE_CY = 0.3696064, 0.5567699
 
 def _sample_backward(dtype: type) -> tuple[dict[str, float], dict[str, float]]:
     """T = B = 1, I = H = 8, every input 1 except tanhc = tanh(1)."""
-    one = np.ones((1, 1, 8), dtype)
-    params = [
-        np.ones((32, 8), dtype),
-        np.ones((32, 8), dtype),
-        np.ones(32, dtype),
-        np.ones(32, dtype),
-    ]
-    saved = [[one] for _ in range(6)] + [[np.full((1, 1, 8), math.tanh(1.0), dtype)]]
-    r = lstm_backward(one, [one, one], params, one, one, one, *saved)
+    one: np.ndarray = np.ones((1, 1, 8), dtype)
+    params: list[np.ndarray] = [np.ones((32, 8), dtype), np.ones((32, 8), dtype)]
+    params += [np.ones(32, dtype), np.ones(32, dtype)]
+    tanhc = [np.full((1, 1, 8), math.tanh(1.0), dtype)]
+    s = [one]
+    r = lstm_backward(one, [one, one], params, one, one, one, s, s, s, s, s, s, tanhc)
     assert r.dx is not None and r.dh_prev is not None and r.dc_prev is not None and r.dparams
     got = {
         "dx": float(np.abs(r.dx).max()),
@@ -46,7 +44,7 @@ def _sample_backward(dtype: type) -> tuple[dict[str, float], dict[str, float]]:
 
 def _sample_forward(dtype: type) -> tuple[dict[str, float], dict[str, float]]:
     """T = B = I = H = 1, no bias, params 1, x = 1, no hx."""
-    x = np.ones((1, 1, 1), dtype)
+    x: np.ndarray = np.ones((1, 1, 1), dtype)
     out = lstm_forward(x, [np.ones((4, 1), dtype), np.ones((4, 1), dtype)], has_bias=False)
     got = {
         "y": float(out.output[0, 0, 0]),
@@ -56,60 +54,66 @@ def _sample_forward(dtype: type) -> tuple[dict[str, float], dict[str, float]]:
     return got, {"y": SAMPLE_Y, "hy": SAMPLE_Y, "cy": SAMPLE_CY}
 
 
-def random_case(seed: int, dtype: type = np.float64) -> dict[str, object]:
-    """A 2-layer bidirectional case with lengths [6, 5, 3, 1] in the padded layout."""
+@dataclass
+class DemoCase:
+    """A 2-layer bidirectional float64 case with variable lengths in the padded layout."""
+
+    dims: tuple[int, int, int, int, int]  # T, B, I, H, L
+    lengths: list[int]
+    batch_sizes: np.ndarray  # int64 [T]
+    x: np.ndarray  # [T*B, I]
+    hx: list[np.ndarray]  # h0, c0 [L*D, B, H]
+    params: list[np.ndarray]
+    dy: np.ndarray  # [T*B, D*H]
+    dh: np.ndarray  # [L*D, B, H]
+    dc: np.ndarray  # [L*D, B, H]
+
+
+def random_case(seed: int) -> DemoCase:
+    """T = 6, B = 4, I = 5, H = 7, L = 2, bidirectional, lengths [6, 5, 3, 1]."""
     rng = np.random.default_rng(seed)
     t_steps, batch, isz, hidden, layers = 6, 4, 5, 7, 2
     lengths = [6, 5, 3, 1]
-    bs = batch_sizes_from_lengths(lengths)
     params = []
     for layer in range(layers):
         for _ in range(2):
             w_in = isz if layer == 0 else 2 * hidden
-            params += [
-                rng.uniform(-0.4, 0.4, (4 * hidden, w_in)),
-                rng.uniform(-0.4, 0.4, (4 * hidden, hidden)),
-                rng.uniform(-0.4, 0.4, 4 * hidden),
-                rng.uniform(-0.4, 0.4, 4 * hidden),
-            ]
-    return {
-        "x": rng.standard_normal((t_steps * batch, isz)),
-        "hx": [rng.standard_normal((2 * layers, batch, hidden)) for _ in range(2)],
-        "params": params,
-        "dy": rng.standard_normal((t_steps * batch, 2 * hidden)),
-        "dh": rng.standard_normal((2 * layers, batch, hidden)),
-        "dc": rng.standard_normal((2 * layers, batch, hidden)),
-        "batch_sizes": bs,
-        "lengths": lengths,
-        "dims": (t_steps, batch, isz, hidden, layers),
-    }
-
-
-def _grads(case: dict, dtype: type) -> dict[str, np.ndarray]:
-    cast = lambda a: np.asarray(a, dtype)  # noqa: E731
-    x, hx, params = (
-        cast(case["x"]),
-        [cast(a) for a in case["hx"]],
-        [cast(p) for p in case["params"]],
+            for shape in [(4 * hidden, w_in), (4 * hidden, hidden), (4 * hidden,), (4 * hidden,)]:
+                params.append(rng.uniform(-0.4, 0.4, shape))
+    return DemoCase(
+        dims=(t_steps, batch, isz, hidden, layers),
+        lengths=lengths,
+        batch_sizes=batch_sizes_from_lengths(lengths),
+        x=rng.standard_normal((t_steps * batch, isz)),
+        hx=[rng.standard_normal((2 * layers, batch, hidden)) for _ in range(2)],
+        params=params,
+        dy=rng.standard_normal((t_steps * batch, 2 * hidden)),
+        dh=rng.standard_normal((2 * layers, batch, hidden)),
+        dc=rng.standard_normal((2 * layers, batch, hidden)),
     )
-    kw = dict(num_layers=2, bidirectional=True)
-    fwd = lstm_forward(x, params, hx, case["batch_sizes"], **kw)
+
+
+def _grads(case: DemoCase, dtype: type) -> dict[str, np.ndarray]:
+    """Forward then backward through the public API in ``dtype``."""
+
+    def cast(a: np.ndarray) -> np.ndarray:
+        return np.asarray(a, dtype)
+
+    x, hx, params = cast(case.x), [cast(a) for a in case.hx], [cast(p) for p in case.params]
+    layers = case.dims[4]
+    fwd = lstm_forward(x, params, hx, case.batch_sizes, num_layers=layers, bidirectional=True)
     assert fwd.saved is not None
+    s = fwd.saved
     r = lstm_backward(
-        x,
-        hx,
-        params,
-        cast(case["dy"]),
-        cast(case["dh"]),
-        cast(case["dc"]),
-        *fwd.saved[:7],
-        case["batch_sizes"],
-        **kw,
-    )
+        x, hx, params, cast(case.dy), cast(case.dh), cast(case.dc),
+        s.i, s.g, s.f, s.o, s.h, s.c, s.tanhc, case.batch_sizes,
+        num_layers=layers, bidirectional=True,
+    )  # fmt: skip
     return _named(fwd.output, r.dx, r.dh_prev, r.dc_prev, r.dparams)
 
 
-def _named(y, dx, dh_prev, dc_prev, dparams) -> dict[str, np.ndarray]:
+def _named(y: Any, dx: Any, dh_prev: Any, dc_prev: Any, dparams: Any) -> dict[str, np.ndarray]:
+    """The compared outputs, float64; weights and biases each flattened into one vector."""
     weights = [p for j, p in enumerate(dparams) if j % 4 < 2]
     biases = [p for j, p in enumerate(dparams) if j % 4 >= 2]
     return {
@@ -122,35 +126,34 @@ def _named(y, dx, dh_prev, dc_prev, dparams) -> dict[str, np.ndarray]:
     }
 
 
-def _torch_grads(case: dict) -> dict[str, np.ndarray] | None:
+def _torch_grads(case: DemoCase) -> dict[str, np.ndarray] | None:
+    """The same case through torch.nn.LSTM with a PackedSequence, float64 autograd."""
     try:
         import torch
         from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
     except ImportError:
         return None
-    t_steps, batch, isz, hidden, layers = case["dims"]
+    t_steps, batch, isz, hidden, layers = case.dims
     lstm = torch.nn.LSTM(isz, hidden, layers, bidirectional=True).double()
+    weights = list(lstm.parameters())  # the _flat_weights order
     with torch.no_grad():
-        for p, v in zip(lstm._flat_weights, case["params"], strict=True):
+        for p, v in zip(weights, case.params, strict=True):
             p.copy_(torch.from_numpy(v))
-    x = torch.from_numpy(case["x"].reshape(t_steps, batch, isz)).requires_grad_()
-    h0, c0 = (torch.from_numpy(a).requires_grad_() for a in case["hx"])
-    packed = pack_padded_sequence(x, torch.tensor(case["lengths"]))
+    x = torch.from_numpy(case.x.reshape(t_steps, batch, isz)).requires_grad_()
+    h0, c0 = (torch.from_numpy(a).requires_grad_() for a in case.hx)
+    packed = pack_padded_sequence(x, torch.tensor(case.lengths))
     out, (hn, cn) = lstm(packed, (h0, c0))
     y, _ = pad_packed_sequence(out, total_length=t_steps)
-    dy = torch.from_numpy(case["dy"].reshape(t_steps, batch, 2 * hidden))
-    loss = (
-        (y * dy).sum()
-        + (hn * torch.from_numpy(case["dh"])).sum()
-        + (cn * torch.from_numpy(case["dc"])).sum()
-    )
-    loss.backward()
+    dy = torch.from_numpy(case.dy.reshape(t_steps, batch, 2 * hidden))
+    dh, dc = torch.from_numpy(case.dh), torch.from_numpy(case.dc)
+    ((y * dy).sum() + (hn * dh).sum() + (cn * dc).sum()).backward()
+    grads = [np.asarray(t.grad) for t in [x, h0, c0, *weights]]
     return _named(
         y.detach().numpy().reshape(t_steps * batch, -1),
-        x.grad.numpy().reshape(t_steps * batch, isz),
-        h0.grad.numpy(),
-        c0.grad.numpy(),
-        [p.grad.numpy() for p in lstm._flat_weights],
+        grads[0].reshape(t_steps * batch, isz),
+        grads[1],
+        grads[2],
+        grads[3:],
     )
 
 
@@ -181,15 +184,15 @@ def run_demo(seed: int = 0, use_torch: bool = True, out: TextIO | None = None) -
                 )
     say()
     case = random_case(seed)
-    t_steps, batch, isz, hidden, layers = case["dims"]
+    t_steps, batch, isz, hidden, layers = case.dims
     say(
         f"2. Random case (seed {seed}): T={t_steps} B={batch} I={isz} H={hidden} L={layers} "
-        f"bidirectional, lengths {case['lengths']} (batch_sizes {case['batch_sizes'].tolist()})"
+        f"bidirectional, lengths {case.lengths} (batch_sizes {case.batch_sizes.tolist()})"
     )
     ref = _grads(case, np.float64)
     f32 = _grads(case, np.float32)
     torch_g = _torch_grads(case) if use_torch else None
-    cols = ["float32 vs float64 reference"]
+    cols = ["float32 vs float64"]
     if torch_g is not None:
         cols.append("float64 vs PyTorch autograd")
     say("   max relative error per output (limits: float32 1e-5, PyTorch 1e-10)")
