@@ -21,7 +21,7 @@ def _sample_backward(dtype: type) -> tuple[dict[str, float], dict[str, float]]:
     one: np.ndarray = np.ones((1, 1, 8), dtype)
     params: list[np.ndarray] = [np.ones((32, 8), dtype), np.ones((32, 8), dtype)]
     params += [np.ones(32, dtype), np.ones(32, dtype)]
-    tanhc = [np.full((1, 1, 8), math.tanh(1.0), dtype)]
+    tanhc: list[np.ndarray] = [np.full((1, 1, 8), math.tanh(1.0), dtype)]
     s = [one]
     r = lstm_backward(one, [one, one], params, one, one, one, s, s, s, s, s, s, tanhc)
     assert r.dx is not None and r.dh_prev is not None and r.dc_prev is not None and r.dparams
