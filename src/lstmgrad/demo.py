@@ -149,7 +149,7 @@ def _torch_grads(case: DemoCase) -> dict[str, np.ndarray] | None:
     ((y * dy).sum() + (hn * dh).sum() + (cn * dc).sum()).backward()
     grads = [np.asarray(t.grad) for t in [x, h0, c0, *weights]]
     return _named(
-        y.detach().numpy().reshape(t_steps * batch, -1),
+        y.detach().numpy().reshape(t_steps * batch, 2 * hidden),
         grads[0].reshape(t_steps * batch, isz),
         grads[1],
         grads[2],

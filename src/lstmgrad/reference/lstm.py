@@ -203,11 +203,10 @@ def lstm_backward(
                 dx_d = dx_dirs[d, ..., :width]
                 np.copyto(dx_d, dG @ w_ih, casting="unsafe")  # (B11) rounding point (SPEC 7)
             if dparams is not None:
-                g2 = dG.reshape(-1, dims.G)
-                dparams[dims.index(layer, d, W_IH)][...] = g2.T @ x.reshape(-1, width)  # (B12)
-                dparams[dims.index(layer, d, W_HH)][...] = g2.T @ h_prev.reshape(
-                    -1, hidden
-                )  # (B13)
+                rows = t_steps * batch
+                g2 = dG.reshape(rows, dims.G)
+                dparams[dims.index(layer, d, W_IH)][...] = g2.T @ x.reshape(rows, width)  # (B12)
+                dparams[dims.index(layer, d, W_HH)][...] = g2.T @ h_prev.reshape(rows, hidden)  # (B13)
                 if dims.has_bias:
                     db = g2.sum(axis=0)  # (B14)
                     dparams[dims.index(layer, d, B_IH)][...] = db
