@@ -9,7 +9,9 @@ import lstmgrad
 from lstmgrad import aclnn
 
 
-def _case(dtype=np.float32, *, layers=2, bidirectional=True, batch_first=False, varlen=False, seed=0):
+def _case(
+    dtype=np.float32, *, layers=2, bidirectional=True, batch_first=False, varlen=False, seed=0
+):
     rng = np.random.default_rng(seed)
     t, b, i, h = 5, 3, 4, 6
     d = 2 if bidirectional else 1
@@ -17,7 +19,10 @@ def _case(dtype=np.float32, *, layers=2, bidirectional=True, batch_first=False, 
     for layer in range(layers):
         for _ in range(d):
             w_in = i if layer == 0 else d * h
-            params += [rng.uniform(-0.5, 0.5, s).astype(dtype) for s in [(4 * h, w_in), (4 * h, h), (4 * h,), (4 * h,)]]
+            params += [
+                rng.uniform(-0.5, 0.5, s).astype(dtype)
+                for s in [(4 * h, w_in), (4 * h, h), (4 * h,), (4 * h,)]
+            ]
     bs = np.array([3, 3, 2, 2, 1], dtype=np.int64) if varlen else None
     if varlen:
         x = rng.standard_normal((t * b, i)).astype(dtype)
@@ -53,13 +58,26 @@ def _bwd_phase1(c, outs, mask=(True, True, True, True)):
 
 @pytest.mark.parametrize(
     "dtype,batch_first,varlen",
-    [(np.float32, False, False), (np.float64, True, False), (np.float16, False, True), (np.float32, False, True)],
+    [
+        (np.float32, False, False),
+        (np.float64, True, False),
+        (np.float16, False, True),
+        (np.float32, False, True),
+    ],
     ids=["f32", "f64-bf", "f16-varlen", "f32-varlen"],
 )
 def test_backward_mirror_matches_pythonic_api_with_nan_filled_workspace(dtype, batch_first, varlen):
     c = _case(dtype, batch_first=batch_first, varlen=varlen)
     want = lstmgrad.lstm_backward(
-        c["x"], c["hx"], c["params"], c["dy"], c["dh"], c["dc"], *c["fwd"].saved[:7], c["bs"], **c["kw"]
+        c["x"],
+        c["hx"],
+        c["params"],
+        c["dy"],
+        c["dh"],
+        c["dc"],
+        *c["fwd"].saved[:7],
+        c["bs"],
+        **c["kw"],
     )
     outs = _outs(c)
     status, size, executor = _bwd_phase1(c, outs)
@@ -84,7 +102,9 @@ def test_backward_mirror_output_mask_leaves_masked_outputs_untouched():
     assert aclnn.aclnnLstmBackward(np.empty(size, np.uint8), size, executor, None) == 0
     dx, dh, dc, dw = outs
     assert (dx == 7).all() and (dc == 7).all() and all((p == 7).all() for p in dw)
-    want = lstmgrad.lstm_backward(c["x"], c["hx"], c["params"], c["dy"], c["dh"], c["dc"], *c["fwd"].saved[:7], **c["kw"])
+    want = lstmgrad.lstm_backward(
+        c["x"], c["hx"], c["params"], c["dy"], c["dh"], c["dc"], *c["fwd"].saved[:7], **c["kw"]
+    )
     assert np.array_equal(dh, want.dh_prev)
 
 
@@ -129,7 +149,14 @@ def test_mirror_returns_the_pythonic_codes_for_bad_inputs():
         "dh wrong dtype": (dict(dh=c["dh"].astype(np.float64)), 161002),
         "int input": (dict(input=c["x"].astype(np.int32)), 161002),
         "num_layers 0": (dict(numLayers=0), 161002),
-        "batch sizes out of range": (dict(batchSizesOptional=np.array([4, 3, 3, 3, 3], np.int64), input=c["x"].reshape(15, 4), dy=c["dy"].reshape(15, 12)), 161002),
+        "batch sizes out of range": (
+            dict(
+                batchSizesOptional=np.array([4, 3, 3, 3, 3], np.int64),
+                input=c["x"].reshape(15, 4),
+                dy=c["dy"].reshape(15, 12),
+            ),
+            161002,
+        ),
         "output mask of 3": (dict(outputMask=[True, True, True]), 161002),
         "params wrong length": (dict(params=c["params"][:-1]), 161002),
     }
@@ -166,7 +193,9 @@ def test_mirror_ignores_dropout_like_the_original():
     )  # fmt: skip
     assert status == 0, aclnn.aclGetRecentErrMsg()
     assert aclnn.aclnnLstmBackward(np.empty(size, np.uint8), size, executor, None) == 0
-    want = lstmgrad.lstm_backward(c["x"], c["hx"], c["params"], c["dy"], c["dh"], c["dc"], *c["fwd"].saved[:7], **kw)
+    want = lstmgrad.lstm_backward(
+        c["x"], c["hx"], c["params"], c["dy"], c["dh"], c["dc"], *c["fwd"].saved[:7], **kw
+    )
     assert np.array_equal(outs[0], want.dx)
 
 
@@ -176,9 +205,15 @@ def test_phase_two_statuses_for_workspace_and_executor_misuse():
     assert status == 0
     ws = np.empty(size, np.uint8)
     assert aclnn.aclnnLstmBackward(None, size, executor, None) == aclnn.ACLNN_ERR_PARAM_NULLPTR
-    assert aclnn.aclnnLstmBackward(ws[: size // 2], size, executor, None) == aclnn.ACLNN_ERR_PARAM_INVALID
+    assert (
+        aclnn.aclnnLstmBackward(ws[: size // 2], size, executor, None)
+        == aclnn.ACLNN_ERR_PARAM_INVALID
+    )
     assert aclnn.aclnnLstmBackward(ws, size - 1, executor, None) == aclnn.ACLNN_ERR_PARAM_INVALID
-    assert aclnn.aclnnLstmBackward(ws.view(np.int8), size, executor, None) == aclnn.ACLNN_ERR_PARAM_INVALID
+    assert (
+        aclnn.aclnnLstmBackward(ws.view(np.int8), size, executor, None)
+        == aclnn.ACLNN_ERR_PARAM_INVALID
+    )
     assert aclnn.aclnnLstmBackward(ws, size, None, None) == aclnn.ACLNN_ERR_PARAM_NULLPTR
     assert aclnn.aclnnLstmBackward(ws, size, "executor", None) == aclnn.ACLNN_ERR_PARAM_INVALID
     assert aclnn.aclnnLSTM(ws, size, executor, None) == aclnn.ACLNN_ERR_PARAM_INVALID  # wrong op
@@ -196,7 +231,10 @@ def test_phase_two_internal_failure_is_status_561103():
         raise FloatingPointError("simulated")
 
     executor.run = boom
-    assert aclnn.aclnnLstmBackward(np.empty(size, np.uint8), size, executor, None) == aclnn.ACLNN_ERR_INNER
+    assert (
+        aclnn.aclnnLstmBackward(np.empty(size, np.uint8), size, executor, None)
+        == aclnn.ACLNN_ERR_INNER
+    )
     assert "simulated" in aclnn.aclGetRecentErrMsg()
 
 
@@ -205,16 +243,37 @@ def test_phase_two_internal_failure_is_status_561103():
 def test_forward_mirror_matches_pythonic_api(varlen, train):
     c = _case(np.float64, varlen=varlen)
     fwd = c["fwd"]
-    y, hy, cy = np.full_like(fwd.output, np.nan), np.full_like(fwd.hy, np.nan), np.full_like(fwd.cy, np.nan)
-    lists = [[np.full_like(a, np.nan) for a in lst] for lst in fwd.saved[:7]] if train else [None] * 7
+    y, hy, cy = (
+        np.full_like(fwd.output, np.nan),
+        np.full_like(fwd.hy, np.nan),
+        np.full_like(fwd.cy, np.nan),
+    )
+    lists = (
+        [[np.full_like(a, np.nan) for a in lst] for lst in fwd.saved[:7]] if train else [None] * 7
+    )
     kw = c["kw"]
     status, size, executor = aclnn.aclnnLSTMGetWorkspaceSize(
-        c["x"], c["params"], c["hx"], c["bs"], True, kw["num_layers"], 0.0, train, True, False, y, hy, cy, *lists
+        c["x"],
+        c["params"],
+        c["hx"],
+        c["bs"],
+        True,
+        kw["num_layers"],
+        0.0,
+        train,
+        True,
+        False,
+        y,
+        hy,
+        cy,
+        *lists,
     )
     assert status == 0, aclnn.aclGetRecentErrMsg()
     workspace = np.full(size, 0xFF, np.uint8)  # NaN in float16, float32 and float64
     assert aclnn.aclnnLSTM(workspace, size, executor, None) == 0
-    assert np.array_equal(y, fwd.output) and np.array_equal(hy, fwd.hy) and np.array_equal(cy, fwd.cy)
+    assert (
+        np.array_equal(y, fwd.output) and np.array_equal(hy, fwd.hy) and np.array_equal(cy, fwd.cy)
+    )
     if train:
         for got, want in zip(lists, fwd.saved[:7], strict=True):
             for a, b in zip(got, want, strict=True):
@@ -239,7 +298,10 @@ def test_forward_mirror_statuses():
     assert aclnn.aclnnLSTMGetWorkspaceSize(*no_input)[0] == aclnn.ACLNN_ERR_PARAM_NULLPTR
     status, size, executor = aclnn.aclnnLSTMGetWorkspaceSize(*args)
     assert status == 0
-    assert aclnn.aclnnLSTM(np.empty(max(size - 64, 0), np.uint8), size, executor, None) == aclnn.ACLNN_ERR_PARAM_INVALID
+    assert (
+        aclnn.aclnnLSTM(np.empty(max(size - 64, 0), np.uint8), size, executor, None)
+        == aclnn.ACLNN_ERR_PARAM_INVALID
+    )
 
 
 def test_status_constants():

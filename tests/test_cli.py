@@ -11,7 +11,9 @@ from lstmgrad.cli import main
 
 
 def test_demo_runs_as_module_and_passes():
-    proc = subprocess.run([sys.executable, "-m", "lstmgrad", "demo"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lstmgrad", "demo"], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "1.8399487" in out and "0.3696064" in out and "0.5567699" in out

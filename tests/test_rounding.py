@@ -20,7 +20,10 @@ def _params(rng, layers, dirs, isz, hidden, dtype):
     for layer in range(layers):
         for _ in range(dirs):
             w_in = isz if layer == 0 else dirs * hidden
-            out += [rng.uniform(-0.5, 0.5, s).astype(dtype) for s in [(4 * hidden, w_in), (4 * hidden, hidden), (4 * hidden,), (4 * hidden,)]]
+            out += [
+                rng.uniform(-0.5, 0.5, s).astype(dtype)
+                for s in [(4 * hidden, w_in), (4 * hidden, hidden), (4 * hidden,), (4 * hidden,)]
+            ]
     return out
 
 
@@ -41,7 +44,11 @@ def test_direction_sum_is_done_in_storage_dtype(dtype):
         dy_d, dh_d, dc_d = np.zeros_like(dy), np.zeros_like(dh), np.zeros_like(dc)
         dy_d[..., d * h : (d + 1) * h] = dy[..., d * h : (d + 1) * h]
         dh_d[d], dc_d[d] = dh[d], dc[d]
-        parts.append(lstmgrad.lstm_backward(x, hx, params, dy_d, dh_d, dc_d, *fwd.saved[:7], bidirectional=True))
+        parts.append(
+            lstmgrad.lstm_backward(
+                x, hx, params, dy_d, dh_d, dc_d, *fwd.saved[:7], bidirectional=True
+            )
+        )
     assert full.dx.dtype == np.dtype(dtype)
     assert np.array_equal(full.dx, (parts[0].dx + parts[1].dx).astype(dtype))
     for d in range(2):  # each direction's own outputs are unaffected by the other
@@ -98,9 +105,16 @@ def test_float16_outputs_are_float16_and_close_to_the_float32_computation():
     r16 = lstmgrad.lstm_backward(x16, hx16, p16, dy16, None, None, *f16.saved[:7])
     up = lambda a: a.astype(np.float32)  # noqa: E731
     saved32 = [[up(a) for a in lst] for lst in f16.saved[:7]]
-    r32 = lstmgrad.lstm_backward(up(x16), [up(a) for a in hx16], [up(p) for p in p16], up(dy16), None, None, *saved32)
+    r32 = lstmgrad.lstm_backward(
+        up(x16), [up(a) for a in hx16], [up(p) for p in p16], up(dy16), None, None, *saved32
+    )
     # Same float16 inputs: the only difference is the final rounding to float16 (at most half a
     # float16 step, plus float32's own rounding before it).
-    for a16, a32 in [(r16.dx, r32.dx), (r16.dh_prev, r32.dh_prev), (r16.dc_prev, r32.dc_prev), *zip(r16.dparams, r32.dparams)]:
+    for a16, a32 in [
+        (r16.dx, r32.dx),
+        (r16.dh_prev, r32.dh_prev),
+        (r16.dc_prev, r32.dc_prev),
+        *zip(r16.dparams, r32.dparams),
+    ]:
         assert a16.dtype == np.float16
         assert np.abs(a16.astype(np.float32) - a32).max() <= np.abs(a32).max() * 2**-11 * 1.01

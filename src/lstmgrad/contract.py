@@ -134,6 +134,9 @@ def _fmt_shape(shape: Sequence[int]) -> str:
 def _type_name(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return f"numpy.ndarray of dtype {value.dtype} and shape {_fmt_shape(value.shape)}"
+    if value is None or isinstance(value, (numbers.Number, str, np.generic)):
+        text = repr(value)
+        return f"{type(value).__name__} {text[:40] + '...' if len(text) > 40 else text}"
     return type(value).__name__
 
 
@@ -275,6 +278,11 @@ def _check_batch_sizes(fn: str, value: Any) -> np.ndarray:
     if isinstance(value, (list, tuple)) and all(
         isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in value
     ):
+        big = [int(v) for v in value if not -(2**63) <= int(v) < 2**63]
+        if big:
+            raise LstmInvalidArgumentError(
+                f"{fn}: batch_sizes must be int64 values in [0, B], got {big[0]}", "batch_sizes"
+            )
         return np.asarray(value, dtype=np.int64).reshape(len(value))
     raise LstmInvalidArgumentError(
         f"{fn}: batch_sizes must be a 1-D int64 array [T], got {_type_name(value)}", "batch_sizes"
@@ -292,15 +300,24 @@ def _check_batch_sizes_range(fn: str, bs: np.ndarray, batch: int) -> None:
         )
 
 
-def _hidden_size(fn: str, params: list[Any], dtype: np.dtype) -> int:
-    """H from weight_hh_l0 = params[1], which must be a 2-D [4H, H] array."""
-    w = params[1]
-    if not isinstance(w, np.ndarray) or w.ndim != 2:
-        got = _fmt_shape(w.shape) if isinstance(w, np.ndarray) else _type_name(w)
+def _hidden_size(fn: str, params: list[Any], others: Sequence[Any] = ()) -> int:
+    """H, as most of its sources agree: weight_hh_l0's columns and rows / 4, weight_ih_l0's rows
+    / 4, and the last dim of ``others`` (hx[0], i[0] in the backward). Taking the majority makes
+    the later shape checks blame the one tensor that disagrees; ties go to weight_hh_l0's columns.
+    """
+    w_hh, w_ih = params[1], params[0]
+    if not isinstance(w_hh, np.ndarray) or w_hh.ndim != 2:
+        got = _fmt_shape(w_hh.shape) if isinstance(w_hh, np.ndarray) else _type_name(w_hh)
         raise LstmInvalidArgumentError(
             f"{fn}: params[1] (weight_hh_l0) must be a 2-D array [4H, H], got {got}", "params"
         )
-    return int(w.shape[1])
+    votes = [int(w_hh.shape[1])]
+    if w_hh.shape[0] % 4 == 0:
+        votes.append(int(w_hh.shape[0]) // 4)
+    if isinstance(w_ih, np.ndarray) and w_ih.ndim == 2 and w_ih.shape[0] % 4 == 0:
+        votes.append(int(w_ih.shape[0]) // 4)
+    votes += [int(a.shape[-1]) for a in others if isinstance(a, np.ndarray) and a.ndim == 3]
+    return max(votes, key=votes.count)  # first of the most common: a stable tie-break
 
 
 def check_params(fn: str, params: list[Any], dims: Dims, dtype: np.dtype) -> list[np.ndarray]:
@@ -462,7 +479,8 @@ def check_backward(
     steps, batch, layout = _resolve_time_batch(fn, x, bs, batch_first, batch_hint)
     if bs is not None:
         _check_batch_sizes_range(fn, bs, batch)
-    hidden = _hidden_size(fn, plist, dtype)
+    hx_first = hx[0] if isinstance(hx, (list, tuple)) and len(hx) > 0 else None
+    hidden = _hidden_size(fn, plist, (hx_first, saved_lists[0][0]))
     dims = Dims(steps, batch, int(x.shape[-1]), hidden, num_layers, num_dirs, has_bias)
 
     checked_params = check_params(fn, plist, dims, dtype)
@@ -572,7 +590,7 @@ def check_forward(
     steps, batch, layout = _resolve_time_batch(fn, x, bs, batch_first, batch_hint)
     if bs is not None:
         _check_batch_sizes_range(fn, bs, batch)
-    hidden = _hidden_size(fn, plist, dtype)
+    hidden = _hidden_size(fn, plist, () if hx_items is None else (hx_items[0],))
     dims = Dims(steps, batch, int(x.shape[-1]), hidden, num_layers, num_dirs, has_bias)
     checked_params = check_params(fn, plist, dims, dtype)
     h0 = c0 = None

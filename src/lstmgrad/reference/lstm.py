@@ -206,7 +206,9 @@ def lstm_backward(
                 rows = t_steps * batch
                 g2 = dG.reshape(rows, dims.G)
                 dparams[dims.index(layer, d, W_IH)][...] = g2.T @ x.reshape(rows, width)  # (B12)
-                dparams[dims.index(layer, d, W_HH)][...] = g2.T @ h_prev.reshape(rows, hidden)  # (B13)
+                dparams[dims.index(layer, d, W_HH)][...] = g2.T @ h_prev.reshape(
+                    rows, hidden
+                )  # (B13)
                 if dims.has_bias:
                     db = g2.sum(axis=0)  # (B14)
                     dparams[dims.index(layer, d, B_IH)][...] = db
