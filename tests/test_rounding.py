@@ -114,7 +114,7 @@ def test_float16_outputs_are_float16_and_close_to_the_float32_computation():
         (r16.dx, r32.dx),
         (r16.dh_prev, r32.dh_prev),
         (r16.dc_prev, r32.dc_prev),
-        *zip(r16.dparams, r32.dparams),
+        *zip(r16.dparams, r32.dparams, strict=True),
     ]:
         assert a16.dtype == np.float16
         assert np.abs(a16.astype(np.float32) - a32).max() <= np.abs(a32).max() * 2**-11 * 1.01
