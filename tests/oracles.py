@@ -65,7 +65,7 @@ def load_params(lstm: torch.nn.LSTM, params: list[np.ndarray]) -> None:
     """Copy ``params`` (flat order) into ``lstm``."""
     assert len(params) == len(lstm._flat_weights)
     with torch.no_grad():
-        for w, p in zip(lstm._flat_weights, params):
+        for w, p in zip(lstm._flat_weights, params, strict=True):
             w.copy_(torch.from_numpy(np.asarray(p, dtype=np.float64)))
 
 
@@ -169,7 +169,7 @@ def torch_lstm_grads(
         dx=_zeros_if_none(grads[0], xt),
         dh0=_zeros_if_none(grads[1], h0t),
         dc0=_zeros_if_none(grads[2], c0t),
-        dparams=[_zeros_if_none(g, w) for g, w in zip(grads[3:], weights)],
+        dparams=[_zeros_if_none(g, w) for g, w in zip(grads[3:], weights, strict=True)],
         batch_sizes=batch_sizes,
     )
 
@@ -223,5 +223,5 @@ def torch_dropout_lstm_grads(
         dx=_zeros_if_none(grads[0], xt),
         dh0=_zeros_if_none(grads[1], h0t),
         dc0=_zeros_if_none(grads[2], c0t),
-        dparams=[_zeros_if_none(g, w) for g, w in zip(grads[3:], weights)],
+        dparams=[_zeros_if_none(g, w) for g, w in zip(grads[3:], weights, strict=True)],
     )

@@ -16,6 +16,12 @@ from ..workspace import Arena, Slot
 F64 = np.dtype(np.float64)
 
 
+def _f64(a: np.ndarray) -> np.ndarray:
+    """A C-ordered float64 copy: BLAS sees one memory layout whatever the caller's strides, so
+    results are bit-identical for any layout of the same values (SPEC 9)."""
+    return np.ascontiguousarray(a, dtype=F64)
+
+
 def _sigmoid(a: np.ndarray) -> np.ndarray:
     """1 / (1 + exp(-a)), evaluated without overflow."""
     return np.exp(-np.logaddexp(0.0, -a))
@@ -69,7 +75,7 @@ def lstm_forward(
     valid = np.ones((t_steps, batch), dtype=bool) if m is None else m
     for layer in range(dims.L):
         if layer == 0:
-            x = call.x.astype(F64)
+            x = _f64(call.x)
         else:
             x = layer_x
             np.copyto(x, y, casting="unsafe")
@@ -83,14 +89,14 @@ def lstm_forward(
         y_next = np.zeros_like(y)
         for d in range(dims.D):
             k = layer * dims.D + d
-            w_ih = call.params[dims.index(layer, d, W_IH)].astype(F64)
-            w_hh = call.params[dims.index(layer, d, W_HH)].astype(F64)
+            w_ih = _f64(call.params[dims.index(layer, d, W_IH)])
+            w_hh = _f64(call.params[dims.index(layer, d, W_HH)])
             b_ih = b_hh = np.zeros(dims.G, dtype=F64)
             if dims.has_bias:
-                b_ih = call.params[dims.index(layer, d, B_IH)].astype(F64)
-                b_hh = call.params[dims.index(layer, d, B_HH)].astype(F64)
-            h = np.zeros((batch, hidden)) if call.h0 is None else call.h0[k].astype(F64)
-            c = np.zeros((batch, hidden)) if call.c0 is None else call.c0[k].astype(F64)
+                b_ih = _f64(call.params[dims.index(layer, d, B_IH)])
+                b_hh = _f64(call.params[dims.index(layer, d, B_HH)])
+            h = np.zeros((batch, hidden)) if call.h0 is None else _f64(call.h0[k])
+            c = np.zeros((batch, hidden)) if call.c0 is None else _f64(call.c0[k])
             acts = np.zeros((7, t_steps, batch, hidden))  # i, g, f, o, h, c, tanhc
             ys = np.zeros((t_steps, batch, hidden))
             for t in dims.time_order(d):
@@ -163,25 +169,25 @@ def lstm_backward(
         x[...] = np.where(valid[..., None], x, 0.0)  # padding never reaches dW_ih
         for d in range(dims.D):
             k = layer * dims.D + d
-            w_ih = call.params[dims.index(layer, d, W_IH)].astype(F64)
-            w_hh = call.params[dims.index(layer, d, W_HH)].astype(F64)
-            i_s, g_s, f_s, o_s = (s[k].astype(F64) for s in (s_i, s_g, s_f, s_o))
-            tanhc_s = s_tanhc[k].astype(F64)
+            w_ih = _f64(call.params[dims.index(layer, d, W_IH)])
+            w_hh = _f64(call.params[dims.index(layer, d, W_HH)])
+            i_s, g_s, f_s, o_s = (_f64(s[k]) for s in (s_i, s_g, s_f, s_o))
+            tanhc_s = _f64(s_tanhc[k])
             order = list(dims.time_order(d))
             # (B1) previous states: the state after the previous valid step, h0/c0 at the start
-            hp = call.h0[k].astype(F64)
-            cp = call.c0[k].astype(F64)
+            hp = _f64(call.h0[k])
+            cp = _f64(call.c0[k])
             for t in order:
                 mt = valid[t][:, None]
                 h_prev[t], c_prev[t] = hp, cp
                 hp = np.where(mt, s_h[k][t], hp)
                 cp = np.where(mt, s_c[k][t], cp)
-            dh_next = np.zeros((batch, hidden)) if call.dh is None else call.dh[k].astype(F64)
-            dc_next = np.zeros((batch, hidden)) if call.dc is None else call.dc[k].astype(F64)
+            dh_next = np.zeros((batch, hidden)) if call.dh is None else _f64(call.dh[k])
+            dc_next = np.zeros((batch, hidden)) if call.dc is None else _f64(call.dc[k])
             dy_d = None if dy is None else dy[..., d * hidden : (d + 1) * hidden]
             for step, t in enumerate(reversed(order)):
                 mt = valid[t][:, None]
-                dy_t = 0.0 if dy_d is None else np.where(mt, dy_d[t].astype(F64), 0.0)
+                dy_t = 0.0 if dy_d is None else np.where(mt, _f64(dy_d[t]), 0.0)
                 i_t, g_t, f_t, o_t, tanhc_t = i_s[t], g_s[t], f_s[t], o_s[t], tanhc_s[t]
                 dh_t = dy_t + dh_next  # (B2)
                 dc_t = dh_t * o_t * (1.0 - tanhc_t**2) + dc_next  # (B3)
