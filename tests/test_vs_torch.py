@@ -3,6 +3,7 @@ contract's documented properties (SPEC 3-11)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -24,6 +25,16 @@ from oracles import (  # noqa: E402
 
 F64 = np.float64
 SAVED = ("i", "g", "f", "o", "h", "c", "tanhc")
+
+
+@pytest.fixture(autouse=True, params=["reference", "fused"])
+def impl(request, monkeypatch):
+    """Every test here runs on both engines: the float64 reference (the oracle of the faster
+    engines) and the default fused engine."""
+    for name in ("lstm_forward", "lstm_backward"):
+        api_fn = getattr(lstmgrad.api, name)
+        monkeypatch.setattr(lstmgrad, name, functools.partial(api_fn, impl=request.param))
+    return request.param
 
 
 # ---------------------------------------------------------------------------------------------

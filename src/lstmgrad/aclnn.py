@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .api import run_backward, run_forward
+from .api import DEFAULT_IMPL, ENGINES, run_backward, run_forward
 from .contract import (
     BackwardCall,
     ForwardCall,
@@ -43,7 +43,6 @@ from .errors import (
     LstmInvalidArgumentError,
     LstmNullArgumentError,
 )
-from .reference import backward_workspace_slots, forward_workspace_slots
 from .workspace import Arena, workspace_bytes
 
 __all__ = [
@@ -159,7 +158,7 @@ def aclnnLstmBackwardGetWorkspaceSize(
                 _out_array(fn, f"dparamsOut[{j}]", a, p.shape, "shape of params", dtype)
                 for j, (a, p) in enumerate(zip(items, call.params, strict=True))
             ]
-        size = workspace_bytes(backward_workspace_slots(dims, dtype))
+        size = workspace_bytes(ENGINES[DEFAULT_IMPL].backward_workspace_slots(dims, dtype))
 
         def run(arena: Arena, call: BackwardCall = call) -> None:
             dx, dh_prev, dc_prev, dparams = run_backward(call, arena)
@@ -238,7 +237,7 @@ def aclnnLSTMGetWorkspaceSize(
                     ]
                 )
         call.train = True  # the saved activations are always computed; copied out with train
-        size = workspace_bytes(forward_workspace_slots(dims))
+        size = workspace_bytes(ENGINES[DEFAULT_IMPL].forward_workspace_slots(dims, dtype))
 
         def run(arena: Arena, call: ForwardCall = call) -> None:
             res = run_forward(call, arena)

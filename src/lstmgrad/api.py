@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from . import reference
+from . import fused, reference
 from .contract import (
     BackwardCall,
     ForwardCall,
@@ -16,14 +17,29 @@ from .contract import (
     check_backward,
     check_forward,
 )
-from .errors import LstmError, LstmInternalError
+from .dropout import make_dropout_masks
+from .errors import LstmError, LstmInternalError, LstmInvalidArgumentError
 from .workspace import Arena
 
+ENGINES: dict[str, ModuleType] = {"fused": fused, "reference": reference}
+DEFAULT_IMPL = "fused"
 
-def run_backward(call: BackwardCall, arena: Arena | None = None) -> LstmBackwardResult:
+
+def check_impl(fn: str, impl: Any) -> str:
+    """``impl`` names an engine: "fused" (the default) or "reference"."""
+    if not isinstance(impl, str) or impl not in ENGINES:
+        raise LstmInvalidArgumentError(
+            f"{fn}: impl must be one of {sorted(ENGINES)}, got {impl!r}", "impl"
+        )
+    return impl
+
+
+def run_backward(
+    call: BackwardCall, arena: Arena | None = None, impl: str = DEFAULT_IMPL
+) -> LstmBackwardResult:
     """Run a validated backward call; results in the caller's layout."""
     try:
-        dx, dh_prev, dc_prev, dparams = reference.lstm_backward(call, arena)
+        dx, dh_prev, dc_prev, dparams = ENGINES[impl].lstm_backward(call, arena)
     except LstmError:
         raise
     except Exception as exc:  # anything unexpected is the contract's internal error
@@ -33,10 +49,14 @@ def run_backward(call: BackwardCall, arena: Arena | None = None) -> LstmBackward
     return LstmBackwardResult(dx, dh_prev, dc_prev, dparams)
 
 
-def run_forward(call: ForwardCall, arena: Arena | None = None) -> LstmForwardResult:
-    """Run a validated forward call; output in the caller's layout."""
+def run_forward(
+    call: ForwardCall, arena: Arena | None = None, impl: str = DEFAULT_IMPL
+) -> LstmForwardResult:
+    """Run a validated forward call (drawing its dropout masks); output in the caller's layout."""
+    if call.dropout > 0 and call.dropout_masks is None:
+        call.dropout_masks = make_dropout_masks(call.dims, call.dropout, call.seed, call.dtype)
     try:
-        y, hy, cy, saved = reference.lstm_forward(call, arena)
+        y, hy, cy, saved = ENGINES[impl].lstm_forward(call, arena)
     except LstmError:
         raise
     except Exception as exc:
@@ -68,6 +88,7 @@ def lstm_backward(
     batch_first: bool = False,
     output_mask: Sequence[bool] | None = None,
     dropout_masks: Sequence[np.ndarray] | None = None,
+    impl: str = DEFAULT_IMPL,
 ) -> LstmBackwardResult:
     """Gradients of an LSTM w.r.t. its input, initial state and parameters (aclnnLstmBackward).
 
@@ -92,6 +113,8 @@ def lstm_backward(
             is neither computed nor returned (None). Default: all True.
         dropout_masks: the forward's ``saved.dropout_masks`` (L-1 arrays [T, B, D*H]); required
             when dropout > 0, train and num_layers > 1.
+        impl: the engine: "fused" (the default: NumPy GEMMs + Numba kernels, float32 compute
+            for float16/float32) or "reference" (the float64 oracle of docs/math.md).
 
     Returns:
         LstmBackwardResult(dx, dh_prev, dc_prev, dparams): dx shaped like input, dh_prev and
@@ -116,6 +139,7 @@ def lstm_backward(
         >>> grads.dx.shape, grads.dh_prev.shape, [p.shape for p in grads.dparams][:2]
         ((5, 3, 4), (1, 3, 6), [(24, 4), (24, 6)])
     """
+    impl = check_impl("lstm_backward", impl)
     call = check_backward(
         "lstm_backward",
         input,
@@ -135,7 +159,7 @@ def lstm_backward(
         output_mask,
         dropout_masks,
     )
-    return run_backward(call)
+    return run_backward(call, None, impl)
 
 
 def lstm_forward(
@@ -151,6 +175,7 @@ def lstm_forward(
     bidirectional: bool = False,
     batch_first: bool = False,
     seed: Any = None,
+    impl: str = DEFAULT_IMPL,
 ) -> LstmForwardResult:
     """LSTM forward (aclnnLSTM), saving the activations the backward consumes.
 
@@ -166,7 +191,9 @@ def lstm_forward(
         has_bias, num_layers, bidirectional, batch_first: the LSTM's configuration.
         dropout, train: with train and dropout > 0, inverted dropout (probability dropout,
             scale 1/(1-dropout)) on the input of every layer above the first.
-        seed: seed of the dropout masks (None: fresh entropy).
+        seed: seed of the dropout masks (None: fresh entropy); the same seed gives the same
+            masks with either engine.
+        impl: the engine, as in :func:`lstm_backward`.
 
     Returns:
         LstmForwardResult(output, hy, cy, saved): output [T, B, D*H] in the layout of input
@@ -185,6 +212,7 @@ def lstm_forward(
         >>> round(float(out.output[0, 0, 0]), 7), round(float(out.cy[0, 0, 0]), 7)
         (0.3696064, 0.5567699)
     """
+    impl = check_impl("lstm_forward", impl)
     call = check_forward(
         "lstm_forward",
         input,
@@ -199,4 +227,4 @@ def lstm_forward(
         batch_first,
         seed,
     )
-    return run_forward(call)
+    return run_forward(call, None, impl)

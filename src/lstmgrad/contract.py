@@ -121,6 +121,7 @@ class ForwardCall:
     dropout: float  # probability applied between layers (0 when not training)
     train: bool
     seed: int | None
+    dropout_masks: list[np.ndarray] | None = None  # L-1 x [T, B, D*H], drawn by the API
 
 
 # ---------------------------------------------------------------------------------------------

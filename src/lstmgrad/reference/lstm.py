@@ -32,7 +32,7 @@ def _gates(a: np.ndarray, hidden: int) -> tuple[np.ndarray, ...]:
     return tuple(a[..., n * hidden : (n + 1) * hidden] for n in range(4))
 
 
-def forward_workspace_slots(dims: Dims) -> list[Slot]:
+def forward_workspace_slots(dims: Dims, dtype: np.dtype) -> list[Slot]:
     """Scratch of the forward: the float64 input of a layer above the first, [T, B, D*H]."""
     return [((dims.T, dims.B, dims.D * dims.H), F64)]
 
@@ -63,14 +63,12 @@ def lstm_forward(
     arena = arena or Arena()
     dims, dtype, m = call.dims, call.dtype, call.mask
     t_steps, batch, hidden = dims.T, dims.B, dims.H
-    (layer_x,) = arena.take_all(forward_workspace_slots(dims))
+    (layer_x,) = arena.take_all(forward_workspace_slots(dims, dtype))
     hy = np.zeros((dims.K, batch, hidden), dtype=dtype)
     cy = np.zeros((dims.K, batch, hidden), dtype=dtype)
     saved = [
         [np.zeros((t_steps, batch, hidden), dtype=dtype) for _ in range(dims.K)] for _ in range(7)
     ]
-    rng = np.random.default_rng(call.seed) if call.dropout > 0 and dims.L > 1 else None
-    masks: list[np.ndarray] = []
     y = np.zeros((t_steps, batch, dims.D * hidden), dtype=dtype)
     valid = np.ones((t_steps, batch), dtype=bool) if m is None else m
     for layer in range(dims.L):
@@ -79,13 +77,8 @@ def lstm_forward(
         else:
             x = layer_x
             np.copyto(x, y, casting="unsafe")
-            if rng is not None:
-                # (F10) inverted dropout on the input of every layer above the first
-                keep = rng.random(y.shape) >= call.dropout
-                scale = 1.0 / (1.0 - call.dropout) if call.dropout < 1.0 else 0.0
-                mask = np.where(keep, scale, 0.0).astype(dtype)
-                masks.append(mask)
-                x *= mask
+            if call.dropout_masks:
+                x *= call.dropout_masks[layer - 1]  # (F10) inverted dropout between layers
         y_next = np.zeros_like(y)
         for d in range(dims.D):
             k = layer * dims.D + d
@@ -125,7 +118,7 @@ def lstm_forward(
     lists = [list(s) for s in saved]
     result_saved = None
     if call.train:
-        lists_masks = masks if call.dropout > 0 else None
+        lists_masks = call.dropout_masks if call.dropout > 0 else None
         result_saved = LstmSaved(
             lists[0], lists[1], lists[2], lists[3], lists[4], lists[5], lists[6], lists_masks
         )

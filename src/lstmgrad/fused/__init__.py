@@ -1,0 +1,8 @@
+"""The fast CPU engine: NumPy GEMMs around single-threaded, disk-cached Numba kernels.
+
+Same functions as :mod:`lstmgrad.reference`; the default engine of the public API.
+"""
+
+from .lstm import backward_workspace_slots, forward_workspace_slots, lstm_backward, lstm_forward
+
+__all__ = ["lstm_forward", "lstm_backward", "forward_workspace_slots", "backward_workspace_slots"]

@@ -1,0 +1,199 @@
+"""Numba kernels of the fused engine: the per-step gate maths and the row packing around it.
+
+Every kernel is single-threaded (on 2 cores Numba's threads and the BLAS's fight) and cached on
+disk. They work on float32 or float64 arrays (Numba has no float16: the engine converts).
+Rows are "packed": step t's n_t active rows b < n_t sit at rows offsets[t] .. offsets[t]+n_t-1
+of a [N, *] array, N = sum(n_t); without batch sizes n_t = B and offsets[t] = t*B.
+"""
+
+from __future__ import annotations
+
+import numba
+
+from .vmath import one, vsigmoid, vtanh
+
+# error_model="numpy": no zero-division checks, whose branches would stop vectorisation.
+_jit = numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+
+
+# How these kernels stay vectorised (each measured here): every inner loop starts at 0 and
+# indexes a view (a[hid + j] with an offset of unknown sign keeps Numba's negative-index
+# wraparound, which blocks SIMD); each loop touches few arrays (LLVM needs a runtime check per
+# pair that might alias); no slice assignment (about 1 us each).
+
+
+@_jit
+def _copy(dst, src):  # pragma: no cover
+    """dst[:] = src (1-D, same length)."""
+    for j in range(dst.shape[0]):
+        dst[j] = src[j]
+
+
+@_jit
+def _sigmoid_inplace(a):  # pragma: no cover
+    for j in range(a.shape[0]):
+        a[j] = vsigmoid(a[j])
+
+
+@_jit
+def _tanh_inplace(a):  # pragma: no cover
+    for j in range(a.shape[0]):
+        a[j] = vtanh(a[j])
+
+
+@_jit
+def forward_step(gx, gh, bias, h, c, n, s_i, s_g, s_f, s_o, s_h, s_c, s_tc, y):  # pragma: no cover
+    """One step of one (layer, direction) (docs/math.md F1-F9, F11).
+
+    gx [n, 4H]: the input projection of the step's rows; gh [>=n, 4H]: h_prev @ W_hh^T, turned
+    into the activations in place; bias [4H]: b_ih + b_hh (zeros without bias); h, c [B, H]: the
+    running state, updated in place for rows < n. Writes the step's saved activations s_* [B, H]
+    (rows >= n: gates and tanhc 0, h and c the carried state) and y [B, H] (0 for rows >= n).
+    """
+    rows, hid = h.shape
+    for r in range(n):
+        a = gh[r]
+        x_r = gx[r]
+        for j in range(a.shape[0]):
+            a[j] += x_r[j] + bias[j]  # (F1)
+        a_i = a[:hid]
+        a_f = a[hid : 2 * hid]
+        a_g = a[2 * hid : 3 * hid]
+        a_o = a[3 * hid :]
+        _sigmoid_inplace(a[: 2 * hid])  # (F2, F3)
+        _tanh_inplace(a_g)  # (F4)
+        _sigmoid_inplace(a_o)  # (F5)
+        c_r = c[r]
+        for j in range(hid):
+            c_r[j] = a_f[j] * c_r[j] + a_i[j] * a_g[j]  # (F6)
+        tc_r = s_tc[r]
+        _copy(tc_r, c_r)
+        _tanh_inplace(tc_r)  # (F7)
+        h_r = h[r]
+        for j in range(hid):
+            h_r[j] = a_o[j] * tc_r[j]  # (F8)
+        _copy(s_i[r], a_i)  # (F11)
+        _copy(s_f[r], a_f)
+        _copy(s_g[r], a_g)
+        _copy(s_o[r], a_o)
+        _copy(s_c[r], c_r)
+        _copy(s_h[r], h_r)
+        _copy(y[r], h_r)
+    for r in range(n, rows):  # (F9) masked rows: the state carries, y and the gates are 0
+        for j in range(hid):
+            s_i[r, j] = 0.0
+            s_f[r, j] = 0.0
+            s_g[r, j] = 0.0
+            s_o[r, j] = 0.0
+            s_tc[r, j] = 0.0
+            s_c[r, j] = c[r, j]
+            s_h[r, j] = h[r, j]
+            y[r, j] = 0.0
+
+
+@_jit
+def backward_step(dy, has_dy, dh, dc, s_i, s_g, s_f, s_o, s_tc, c_prev, dg, n):  # pragma: no cover
+    """One step of the backward walk of one (layer, direction), rows < n (docs/math.md B2-B8, B10).
+
+    dy [B, H]: the step's output gradient (read only if has_dy); dh, dc [B, H]: dh_next and
+    dc_next (dh becomes dh_t, then the caller's recurrent GEMM replaces it; dc becomes
+    dc_t * f); s_* [B, H]: saved activations of the step; c_prev [n, H] packed previous cell
+    state; dg [n, 4H]: the gate gradients, written.
+    """
+    hid = dh.shape[1]
+    for r in range(n):
+        dh_r = dh[r]
+        dc_r = dc[r]
+        i_r = s_i[r]
+        g_r = s_g[r]
+        f_r = s_f[r]
+        o_r = s_o[r]
+        tc_r = s_tc[r]
+        cp_r = c_prev[r]
+        d_i = dg[r, :hid]
+        d_f = dg[r, hid : 2 * hid]
+        d_g = dg[r, 2 * hid : 3 * hid]
+        d_o = dg[r, 3 * hid :]
+        if has_dy:
+            dy_r = dy[r]
+            for j in range(hid):
+                dh_r[j] += dy_r[j]  # (B2)
+        for j in range(hid):
+            u = one(tc_r[j])
+            dc_r[j] = dh_r[j] * o_r[j] * (u - tc_r[j] * tc_r[j]) + dc_r[j]  # (B3)
+        for j in range(hid):
+            u = one(o_r[j])
+            d_o[j] = dh_r[j] * tc_r[j] * o_r[j] * (u - o_r[j])  # (B4)
+        for j in range(hid):
+            u = one(g_r[j])
+            d_g[j] = dc_r[j] * i_r[j] * (u - g_r[j] * g_r[j])  # (B5)
+        for j in range(hid):
+            u = one(i_r[j])
+            d_i[j] = dc_r[j] * g_r[j] * i_r[j] * (u - i_r[j])  # (B6)
+        for j in range(hid):
+            u = one(f_r[j])
+            d_f[j] = dc_r[j] * cp_r[j] * f_r[j] * (u - f_r[j])  # (B7)
+        for j in range(hid):
+            dc_r[j] *= f_r[j]  # (B10)
+
+
+@_jit
+def gather_prev(
+    s_h, s_c, h0, c0, ns, offsets, order, hp, hp_col, cp, carry_h, carry_c
+):  # pragma: no cover
+    """Packed previous states (docs/math.md B1): for each step in the forward's ``order``, rows
+    < n_t get the state after their previous active step (h0/c0 if none) into hp[:, hp_col:] and
+    cp. Saved states are read only at active positions, so padding never leaks in.
+    """
+    rows, hid = carry_h.shape
+    for r in range(rows):
+        _copy(carry_h[r], h0[r])
+        _copy(carry_c[r], c0[r])
+    for step in range(order.shape[0]):
+        t = order[step]
+        off = offsets[t]
+        for r in range(ns[t]):
+            _copy(hp[off + r, hp_col : hp_col + hid], carry_h[r])
+            _copy(cp[off + r], carry_c[r])
+            _copy(carry_h[r], s_h[t, r])
+            _copy(carry_c[r], s_c[t, r])
+
+
+@_jit
+def pack_rows(src, ns, offsets, out, col):  # pragma: no cover
+    """out[offsets[t] + r, col:col+W] = src[t, r, :] for r < n_t (src [T, B, W], any strides)."""
+    width = src.shape[2]
+    for t in range(src.shape[0]):
+        off = offsets[t]
+        for r in range(ns[t]):
+            _copy(out[off + r, col : col + width], src[t, r])
+
+
+@_jit
+def pack_rows_scaled(src, scale, ns, offsets, out, col):  # pragma: no cover
+    """As pack_rows, times scale[t, r, :] (the dropout mask of the columns)."""
+    width = src.shape[2]
+    for t in range(src.shape[0]):
+        off = offsets[t]
+        for r in range(ns[t]):
+            dst = out[off + r, col : col + width]
+            src_r = src[t, r]
+            scale_r = scale[t, r]
+            for j in range(width):
+                dst[j] = src_r[j] * scale_r[j]
+
+
+@_jit
+def unpack_rows(packed, ns, offsets, out):  # pragma: no cover
+    """out[t, r, :] = packed[offsets[t] + r, :] for r < n_t, 0 for the other rows."""
+    steps, rows, width = out.shape
+    for t in range(steps):
+        off = offsets[t]
+        n = ns[t]
+        for r in range(rows):
+            if r < n:
+                _copy(out[t, r], packed[off + r])
+            else:
+                out_r = out[t, r]
+                for j in range(width):
+                    out_r[j] = 0.0

@@ -1,0 +1,296 @@
+"""The fused CPU engine: NumPy GEMMs around single-threaded Numba kernels.
+
+Per (layer, direction), the forward projects the input of all steps with one GEMM and then runs,
+per step, the recurrent GEMM and one kernel for the gate maths; the backward runs, per step, one
+kernel for the gate gradients (stored for all steps in one packed [N, 4H] buffer) and the
+recurrent GEMM, then after the loop one GEMM for dx, one for dW_ih and dW_hh together
+(dG^T @ [x | h_prev], K = N) and a reduction for the bias.
+
+Variable lengths: step t works on its active rows b < n_t only, "packed" at rows
+offsets[t] .. offsets[t] + n_t - 1 (N = sum n_t; without batch sizes packed == padded), so
+padding costs no FLOPs and is never read. The previous state of each row is gathered by
+carrying it through its inactive steps, which makes any batch_sizes (not only non-increasing
+ones) exact.
+
+Compute dtype: float32 for float16 and float32 storage, float64 for float64. Results are
+rounded to the storage dtype at the points of SPEC 7, as in the reference; the values passed
+between layers are kept in the compute dtype but hold storage-rounded values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..contract import BackwardCall, ForwardCall, LstmSaved
+from ..layout import B_HH, B_IH, W_HH, W_IH, Dims
+from ..workspace import Arena, Slot
+from . import kernels
+
+F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """float64 for float64 storage, float32 otherwise (SPEC 7: float16 computes in float32)."""
+    return F64 if np.dtype(dtype) == F64 else F32
+
+
+class _Steps:
+    """Active rows per step (n_t) and their packed offsets."""
+
+    def __init__(self, dims: Dims, mask: np.ndarray | None) -> None:
+        if mask is None:
+            self.ns = np.full(dims.T, dims.B, dtype=np.int64)
+        else:  # m[t, b] = b < batch_sizes[t]: the active rows of a step are a prefix
+            self.ns = mask.sum(axis=1).astype(np.int64)
+        self.offsets = np.zeros(dims.T, dtype=np.int64)
+        np.cumsum(self.ns[:-1], out=self.offsets[1:])
+        self.total = int(self.ns.sum())
+        self.orders = [
+            np.arange(dims.T, dtype=np.int64),
+            np.arange(dims.T - 1, -1, -1, dtype=np.int64),
+        ]
+
+
+def _c(a: np.ndarray, cd: np.dtype) -> np.ndarray:
+    """C-contiguous in the compute dtype (no copy when already so): BLAS sees one layout, so
+    results do not depend on the caller's strides."""
+    return np.ascontiguousarray(a, dtype=cd)
+
+
+def _rounded(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``a`` rounded to the storage dtype, kept in a's dtype (in place)."""
+    if a.dtype != dtype:
+        a[...] = a.astype(dtype)
+    return a
+
+
+def forward_workspace_slots(dims: Dims, dtype: np.dtype) -> list[Slot]:
+    """Scratch of the forward (compute dtype cd).
+
+    x [N, max(I, D*H)] packed layer input; gx [N, 4H] its projection; gh [B, 4H] the recurrent
+    part; h, c [B, H] the running state; acts [7, T, B, H] and y [T, B, D*H] the results before
+    rounding (float16 storage only) and the layer input [T, B, D*H] (cd).
+    """
+    cd = compute_dtype(dtype)
+    t, b, h = dims.T, dims.B, dims.H
+    n, width = t * b, max(dims.I, dims.D * h)
+    acts = (7, t, b, h) if cd != dtype else (0,)
+    return [
+        ((n, width), cd),
+        ((n, 4 * h), cd),
+        ((b, 4 * h), cd),
+        ((b, h), cd),
+        ((b, h), cd),
+        (acts, cd),
+        ((t, b, dims.D * h), cd),
+    ]
+
+
+def backward_workspace_slots(dims: Dims, dtype: np.dtype) -> list[Slot]:
+    """Scratch of the backward (compute dtype cd).
+
+    xh [N, max(I, D*H) + H] packed [layer input | h_prev]; dg [N, 4H] gate gradients; cp [N, H]
+    packed c_prev; dw [4H, max(I, D*H) + H]; dh, dc, carry_h, carry_c [B, H]; dx [D, N,
+    max(I, D*H)] each direction's dx; dy [T, B, D*H] the gradient of the layer's output; acts
+    [7, T, B, H] the saved activations in cd (float16 storage only).
+    """
+    cd = compute_dtype(dtype)
+    t, b, h = dims.T, dims.B, dims.H
+    n, width = t * b, max(dims.I, dims.D * h)
+    acts = (7, t, b, h) if cd != dtype else (0,)
+    return [
+        ((n, width + h), cd),
+        ((n, 4 * h), cd),
+        ((n, h), cd),
+        ((4 * h, width + h), cd),
+        ((b, h), cd),
+        ((b, h), cd),
+        ((b, h), cd),
+        ((b, h), cd),
+        ((dims.D, n, width), cd),
+        ((t, b, dims.D * h), cd),
+        (acts, cd),
+    ]
+
+
+def _bias(call: ForwardCall, layer: int, d: int, cd: np.dtype) -> np.ndarray:
+    dims = call.dims
+    if not dims.has_bias:
+        return np.zeros(dims.G, dtype=cd)
+    b_ih = call.params[dims.index(layer, d, B_IH)].astype(cd)
+    return b_ih + call.params[dims.index(layer, d, B_HH)].astype(cd)
+
+
+def lstm_forward(
+    call: ForwardCall, arena: Arena | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, LstmSaved | None]:
+    """Forward of every (layer, direction); returns time-major output [T, B, D*H], hy, cy, saved."""
+    arena = arena or Arena()
+    dims, dtype = call.dims, call.dtype
+    cd = compute_dtype(dtype)
+    t_steps, batch, hidden = dims.T, dims.B, dims.H
+    st = _Steps(dims, call.mask)
+    n_rows = st.total
+    xp_buf, gx_buf, gh, h, c, acts_buf, layer_in = arena.take_all(
+        forward_workspace_slots(dims, dtype)
+    )
+    hy = np.empty((dims.K, batch, hidden), dtype=dtype)
+    cy = np.empty((dims.K, batch, hidden), dtype=dtype)
+    saved = [
+        [np.empty((t_steps, batch, hidden), dtype=dtype) for _ in range(dims.K)] for _ in range(7)
+    ]
+    y = np.empty((t_steps, batch, dims.D * hidden), dtype=dtype)
+    masks = [_c(m, cd) for m in call.dropout_masks] if call.dropout_masks else None
+    for layer in range(dims.L):
+        width = dims.layer_input_size(layer)
+        xp = xp_buf[:n_rows, :width]  # [N, I_l]
+        if layer == 0:
+            kernels.pack_rows(
+                call.x if call.x.dtype == cd else call.x.astype(cd), st.ns, st.offsets, xp, 0
+            )
+        else:
+            np.copyto(layer_in, y)  # the layer below's rounded output
+            if masks is not None:
+                kernels.pack_rows_scaled(layer_in, masks[layer - 1], st.ns, st.offsets, xp, 0)
+            else:
+                kernels.pack_rows(layer_in, st.ns, st.offsets, xp, 0)
+        for d in range(dims.D):
+            k = layer * dims.D + d
+            w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd)
+            w_hh_t = _c(call.params[dims.index(layer, d, W_HH)].T, cd)  # [H, 4H]
+            bias = _bias(call, layer, d, cd)
+            gx = gx_buf[:n_rows]
+            np.matmul(xp, w_ih.T, out=gx)  # [N, 4H]: every step's input projection at once
+            h[...] = 0.0 if call.h0 is None else call.h0[k]
+            c[...] = 0.0 if call.c0 is None else call.c0[k]
+            if cd == dtype:
+                s_i, s_g, s_f, s_o, s_h, s_c, s_tc = (saved[n][k] for n in range(7))
+                y_d = y[..., d * hidden : (d + 1) * hidden]
+            else:
+                s_i, s_g, s_f, s_o, s_h, s_c, s_tc = acts_buf
+                y_d = layer_in[..., d * hidden : (d + 1) * hidden]  # free once xp is packed
+            for t in st.orders[d]:
+                n, off = st.ns[t], st.offsets[t]
+                if n:
+                    np.matmul(h[:n], w_hh_t, out=gh[:n])  # [n, 4H]
+                kernels.forward_step(
+                    gx[off : off + n], gh, bias, h, c, n,
+                    s_i[t], s_g[t], s_f[t], s_o[t], s_h[t], s_c[t], s_tc[t], y_d[t],
+                )  # fmt: skip
+            hy[k], cy[k] = h, c  # rounding point (SPEC 7)
+            if cd != dtype:
+                for n_, a in enumerate((s_i, s_g, s_f, s_o, s_h, s_c, s_tc)):
+                    saved[n_][k][...] = a
+                y[..., d * hidden : (d + 1) * hidden] = y_d
+    result_saved = None
+    if call.train:
+        result_saved = LstmSaved(
+            saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6],
+            call.dropout_masks if call.dropout > 0 else None,
+        )  # fmt: skip
+    return y, hy, cy, result_saved
+
+
+def lstm_backward(
+    call: BackwardCall, arena: Arena | None = None
+) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None, list[np.ndarray] | None]:
+    """Backward of every (layer, direction), top layer first; time-major dx [T, B, I]."""
+    need_dx, need_dh, need_dc, need_dw = call.need
+    if not any(call.need):
+        return None, None, None, None
+    arena = arena or Arena()
+    dims, dtype = call.dims, call.dtype
+    cd = compute_dtype(dtype)
+    t_steps, batch, hidden = dims.T, dims.B, dims.H
+    st = _Steps(dims, call.mask)
+    n_rows = st.total
+    xh_buf, dg_buf, cp_buf, dw_buf, dh, dc, carry_h, carry_c, dx_buf, dy_buf, acts_buf = (
+        arena.take_all(backward_workspace_slots(dims, dtype))
+    )
+    dg, cp = dg_buf[:n_rows], cp_buf[:n_rows]
+    dh_prev = np.empty((dims.K, batch, hidden), dtype=dtype) if need_dh else None
+    dc_prev = np.empty((dims.K, batch, hidden), dtype=dtype) if need_dc else None
+    dparams = [np.empty(p.shape, dtype=dtype) for p in call.params] if need_dw else None
+    masks = [_c(m, cd) for m in call.dropout_masks] if call.dropout_masks else None
+    dy = None if call.dy is None else (call.dy if call.dy.dtype == cd else call.dy.astype(cd))
+    dx_out = None
+    dummy = np.zeros((1, 1, 1), dtype=cd)
+    for layer in reversed(range(dims.L)):
+        width = dims.layer_input_size(layer)
+        want_dx = layer > 0 or need_dx
+        xh = xh_buf[:n_rows, : width + hidden]
+        if need_dw:  # the layer's input, packed, in xh[:, :width]
+            if layer == 0:
+                kernels.pack_rows(
+                    call.x if call.x.dtype == cd else call.x.astype(cd), st.ns, st.offsets, xh, 0
+                )
+            else:
+                for d in range(dims.D):
+                    h_below = _c(call.saved[4][(layer - 1) * dims.D + d], cd)
+                    if masks is not None:
+                        m = masks[layer - 1][..., d * hidden : (d + 1) * hidden]
+                        kernels.pack_rows_scaled(h_below, m, st.ns, st.offsets, xh, d * hidden)
+                    else:
+                        kernels.pack_rows(h_below, st.ns, st.offsets, xh, d * hidden)
+        for d in range(dims.D):
+            k = layer * dims.D + d
+            w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd)  # [4H, I_l]
+            w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd)  # [4H, H]
+            if cd == dtype:
+                s_i, s_g, s_f, s_o, s_h, s_c, s_tc = (_c(s[k], cd) for s in call.saved)
+            else:
+                for n_, s in enumerate(call.saved):
+                    acts_buf[n_][...] = s[k]
+                s_i, s_g, s_f, s_o, s_h, s_c, s_tc = acts_buf
+            kernels.gather_prev(
+                s_h, s_c, _c(call.h0[k], cd), _c(call.c0[k], cd), st.ns, st.offsets,
+                st.orders[d], xh, width, cp, carry_h, carry_c,
+            )  # fmt: skip
+            dh[...] = 0.0 if call.dh is None else call.dh[k]
+            dc[...] = 0.0 if call.dc is None else call.dc[k]
+            dy_d = dummy if dy is None else dy[..., d * hidden : (d + 1) * hidden]
+            walk = st.orders[1 - d]
+            for step in range(t_steps):
+                t = walk[step]
+                n, off = st.ns[t], st.offsets[t]
+                if not n:
+                    continue
+                kernels.backward_step(
+                    dy_d[t if dy is not None else 0], dy is not None, dh, dc,
+                    s_i[t], s_g[t], s_f[t], s_o[t], s_tc[t], cp[off : off + n], dg[off : off + n], n,
+                )  # fmt: skip
+                if step < t_steps - 1 or need_dh:  # the last step's dh only feeds dh_prev
+                    np.matmul(dg[off : off + n], w_hh, out=dh[:n])
+            if dh_prev is not None:
+                dh_prev[k] = dh
+            if dc_prev is not None:
+                dc_prev[k] = dc
+            if want_dx:
+                np.matmul(dg, w_ih, out=dx_buf[d, :n_rows, :width])  # [N, I_l]
+            if dparams is not None:
+                dw = dw_buf[:, : width + hidden]
+                np.matmul(dg.T, xh, out=dw)  # [4H, I_l + H]: dW_ih and dW_hh in one GEMM
+                dparams[dims.index(layer, d, W_IH)][...] = dw[:, :width]
+                dparams[dims.index(layer, d, W_HH)][...] = dw[:, width:]
+                if dims.has_bias:
+                    db = dg.sum(axis=0)
+                    dparams[dims.index(layer, d, B_IH)][...] = db
+                    dparams[dims.index(layer, d, B_HH)][...] = db
+        if want_dx:
+            # each direction's dx rounded to the storage dtype, summed in it (SPEC 7)
+            total = _rounded(dx_buf[0, :n_rows, :width], dtype)
+            if dims.D == 2:
+                np.add(total, _rounded(dx_buf[1, :n_rows, :width], dtype), out=total)
+                _rounded(total, dtype)
+            if layer > 0:
+                dy = dy_buf
+                kernels.unpack_rows(total, st.ns, st.offsets, dy)
+                if masks is not None:
+                    np.multiply(dy, masks[layer - 1], out=dy)
+                    _rounded(dy, dtype)
+            else:
+                dx_out = np.empty((t_steps, batch, dims.I), dtype=cd)
+                kernels.unpack_rows(total, st.ns, st.offsets, dx_out)
+                if cd != dtype:
+                    dx_out = dx_out.astype(dtype)
+    return dx_out, dh_prev, dc_prev, dparams
