@@ -1,0 +1,379 @@
+"""Benchmark worker: lstmgrad. Never imports torch (NumPy's OpenBLAS and PyTorch's BLAS in one
+process were measured 35x slower), and imports lstmgrad only on its first request so that a
+fresh worker can time the import and the first calls.
+
+Started by benchmarks/run.py; speaks the JSON-lines protocol of _protocol.py. Timed items of
+the current shape (float32, the fast engine when ``impl`` exists):
+
+- ``bwd``: lstm_backward with dy, dh, dc all given, from one forward (train=True) done in setup.
+- ``bwd_nodx``: the same with output_mask=(False, True, True, True).
+- ``fwdbwd``: lstm_forward + lstm_backward.
+- ``gemm_bwd`` / ``gemm_bwd_nodx`` / ``gemm_fwd``: the GEMMs of the backward (without / with
+  layer 0's dx) and of the forward alone, numpy.matmul on float32 arrays into preallocated
+  outputs; varlen shapes use the effective rows (batch_sizes[t] per step, sum of lengths).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import time
+import tracemalloc
+from typing import Any
+
+import numpy as np
+from _protocol import decode, encode, serve, time_reps
+from shapes import Shape, make_case
+
+STATE: dict[str, Any] = {}
+NODX = (False, True, True, True)
+
+
+def _lg():
+    import lstmgrad
+
+    return lstmgrad
+
+
+def impls() -> dict:
+    """Whether lstm_forward / lstm_backward take ``impl`` (the fast engine has landed)."""
+    lg = _lg()
+    return {
+        "forward": "impl" in inspect.signature(lg.lstm_forward).parameters,
+        "backward": "impl" in inspect.signature(lg.lstm_backward).parameters,
+    }
+
+
+def _kw(fn: str, impl: str) -> dict:
+    """``{"impl": impl}`` if that function takes it, else {} (the default engine)."""
+    return {"impl": impl} if impls()[fn] else {}
+
+
+def _openblas_threads() -> int | None:
+    """OpenBLAS's thread count through its C API (threadpoolctl if installed)."""
+    try:
+        from threadpoolctl import threadpool_info
+
+        for d in threadpool_info():
+            if d.get("internal_api") == "openblas":
+                return int(d["num_threads"])
+    except ImportError:
+        pass
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            libs = {ln.split()[-1] for ln in f if "openblas" in ln.lower() and ".so" in ln}
+    except OSError:
+        return None
+    for path in libs:
+        lib = ctypes.CDLL(path)
+        for sym in (
+            "scipy_openblas_get_num_threads64_",
+            "openblas_get_num_threads64_",
+            "openblas_get_num_threads",
+            "scipy_openblas_get_num_threads",
+        ):
+            fn = getattr(lib, sym, None)
+            if fn is not None:
+                return int(fn())
+    return None
+
+
+def info() -> dict:
+    lg = _lg()
+    out: dict[str, Any] = {
+        "lstmgrad": getattr(lg, "__version__", "?"),
+        "lstmgrad_file": lg.__file__,
+        "numpy": np.__version__,
+        "impl": impls(),
+        "torch_imported": "torch" in sys.modules,
+    }
+    try:
+        cfg = np.show_config(mode="dicts")
+        blas = cfg["Build Dependencies"]["blas"]
+        out["numpy_blas"] = {k: blas.get(k) for k in ("name", "version", "openblas configuration")}
+    except Exception as exc:  # show_config's layout differs across NumPy versions
+        out["numpy_blas"] = f"unavailable: {exc!r}"
+    out["openblas_threads"] = _openblas_threads()
+    try:
+        import numba
+
+        out["numba"] = numba.__version__
+        out["numba_threads"] = numba.get_num_threads()
+        out["numba_threading_layer"] = numba.config.THREADING_LAYER
+    except ImportError:
+        out["numba"] = None
+    return out
+
+
+def _rel(a: np.ndarray | None, b: np.ndarray | None) -> float:
+    """max|a - b| / max|b| in float64 (NaN anywhere in a counts as an error of inf)."""
+    if a is None or b is None:
+        return 0.0 if a is None and b is None else float("inf")
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    if a.size == 0:
+        return 0.0
+    if not np.all(np.isfinite(a)):
+        return float("inf")
+    return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), np.finfo(np.float64).tiny))
+
+
+def _flags(sh: Shape) -> dict:
+    return {"num_layers": sh.L, "bidirectional": sh.bidirectional}
+
+
+def _forward(sh: Shape, c: dict, impl: str):
+    hx = [c["h0"], c["c0"]]
+    return _lg().lstm_forward(
+        c["x"], c["params"], hx, c["batch_sizes"], **_flags(sh), train=True, **_kw("forward", impl)
+    )
+
+
+def _backward(sh: Shape, c: dict, saved, impl: str, output_mask=None):
+    hx = [c["h0"], c["c0"]]
+    return _lg().lstm_backward(
+        c["x"],
+        hx,
+        c["params"],
+        c["dy"],
+        c["dh"],
+        c["dc"],
+        *saved[:7],
+        c["batch_sizes"],
+        **_flags(sh),
+        output_mask=output_mask,
+        **_kw("backward", impl),
+    )
+
+
+def _grad_errors(got, want) -> dict:
+    errs = {
+        "dx": _rel(got.dx, want.dx),
+        "dh_prev": _rel(got.dh_prev, want.dh_prev),
+        "dc_prev": _rel(got.dc_prev, want.dc_prev),
+    }
+    if want.dparams is None or got.dparams is None:
+        errs["dparams"] = 0.0 if want.dparams is got.dparams else float("inf")
+    else:
+        errs["dparams"] = max(_rel(a, b) for a, b in zip(got.dparams, want.dparams, strict=True))
+    return errs
+
+
+def gate_fused(shapes: list[dict]) -> dict:
+    """fused vs reference, float32, on each (already scaled-down) shape, NaN in padding.
+
+    Per shape: the backward alone from the same saved activations (reference forward), with and
+    without layer 0's dx, and forward+backward end to end (fused forward -> fused backward vs
+    reference forward -> reference backward; the forward's output/hy/cy too)."""
+    if not (impls()["forward"] and impls()["backward"]):
+        return {
+            "skipped": "lstm_forward/lstm_backward take no `impl` keyword yet: only the "
+            "reference engine exists, comparing it with itself is meaningless"
+        }
+    out = {}
+    for d in shapes:
+        sh = Shape.from_dict(d)
+        c = make_case(sh, "float32", pad_value=np.nan)
+        ref_f = _forward(sh, c, "reference")
+        fus_f = _forward(sh, c, "fused")
+        res: dict[str, Any] = {}
+        for mask_name, mask in (("full", None), ("nodx", NODX)):
+            want = _backward(sh, c, ref_f.saved, "reference", mask)
+            got = _backward(sh, c, ref_f.saved, "fused", mask)
+            res[f"bwd_{mask_name}"] = _grad_errors(got, want)
+        want = _backward(sh, c, ref_f.saved, "reference")
+        got = _backward(sh, c, fus_f.saved, "fused")
+        e2e = _grad_errors(got, want)
+        out_ref, out_fus = ref_f.output, fus_f.output
+        if c["batch_sizes"] is not None:  # padded rows of the output are unspecified
+            valid = (np.arange(sh.T)[:, None] < c["lengths"][None, :]).reshape(-1)
+            out_ref, out_fus = out_ref[valid], out_fus[valid]
+        e2e.update(
+            output=_rel(out_fus, out_ref), hy=_rel(fus_f.hy, ref_f.hy), cy=_rel(fus_f.cy, ref_f.cy)
+        )
+        res["fwd_bwd"] = e2e
+        out[sh.id] = res
+    return out
+
+
+def reference64(shape: dict, case: dict) -> dict:
+    """Gate oracle side: the float64 reference engine on the parent's arrays."""
+    sh = Shape.from_dict(shape)
+    c = decode(case)
+    f = _forward(sh, c, "reference")
+    g = _backward(sh, c, f.saved, "reference")
+    return encode(
+        {
+            "dx": g.dx,
+            "dh_prev": g.dh_prev,
+            "dc_prev": g.dc_prev,
+            "dparams": list(g.dparams),
+            "hy": f.hy,
+            "cy": f.cy,
+        }
+    )
+
+
+def _gemm_items(sh: Shape) -> dict:
+    """Closures running the GEMMs of the backward / forward of ``sh`` (float32, numpy.matmul)."""
+    rng = np.random.default_rng(1)
+    f32 = np.float32
+    h, g = sh.H, 4 * sh.H
+    bs = sh.batch_sizes()
+    steps = [int(v) for v in bs] if bs is not None else [sh.B] * sh.T
+    rows = sum(steps)
+
+    def r(*s):
+        return rng.standard_normal(s).astype(f32)
+
+    per = []
+    for layer in range(sh.L):
+        il = sh.input_size(layer)
+        for _ in range(sh.D):
+            per.append(
+                {
+                    "layer": layer,
+                    "w_ih": r(g, il),
+                    "w_hh": r(g, h),
+                    "dG": r(rows, g),  # [rows, 4H] gate gradients
+                    "xh": r(rows, il + h),  # [rows, I_l + H] layer input | h_prev
+                    "x": r(rows, il),
+                    "dh": np.empty((sh.B, h), f32),
+                    "dx": np.empty((rows, il), f32),
+                    "dw": np.empty((g, il + h), f32),
+                    "gates_x": np.empty((rows, g), f32),
+                    "gates_h": np.empty((sh.B, g), f32),
+                    "h": r(sh.B, h),
+                }
+            )
+    offsets = np.cumsum([0, *steps]).tolist()
+
+    def bwd(dx_layer0: bool) -> None:
+        mm = np.matmul
+        for p in per:
+            dG = p["dG"]
+            for t in range(len(steps)):
+                n = steps[t]
+                mm(dG[offsets[t] : offsets[t] + n], p["w_hh"], out=p["dh"][:n])  # [n,4H]x[4H,H]
+            if p["layer"] > 0 or dx_layer0:
+                mm(dG, p["w_ih"], out=p["dx"])  # [rows,4H]x[4H,I_l]
+            mm(dG.T, p["xh"], out=p["dw"])  # [4H,rows]x[rows,I_l+H]
+
+    def fwd() -> None:
+        mm = np.matmul
+        for p in per:
+            mm(p["x"], p["w_ih"].T, out=p["gates_x"])  # [rows,I_l]x[I_l,4H]
+            w_hh_t = p["w_hh"].T
+            for t in range(len(steps)):
+                n = steps[t]
+                mm(p["h"][:n], w_hh_t, out=p["gates_h"][:n])  # [n,H]x[H,4H]
+
+    return {
+        "gemm_bwd": (lambda _: bwd(True), None),
+        "gemm_bwd_nodx": (lambda _: bwd(False), None),
+        "gemm_fwd": (lambda _: fwd(), None),
+    }
+
+
+def setup(shape: dict) -> dict:
+    """Inputs of one shape (float32), one forward (train=True) for the backward items."""
+    STATE.clear()
+    sh = Shape.from_dict(shape)
+    c = make_case(sh, "float32")
+    fwd = _forward(sh, c, "fused")
+    STATE.update(shape=sh, case=c, fwd=fwd)
+    items: dict[str, tuple] = {
+        "bwd": (lambda _: _backward(sh, c, fwd.saved, "fused"), None),
+        "bwd_nodx": (lambda _: _backward(sh, c, fwd.saved, "fused", NODX), None),
+        "fwdbwd": (lambda _: _backward(sh, c, _forward(sh, c, "fused").saved, "fused"), None),
+    }
+    items.update(_gemm_items(sh))
+    STATE["items"] = items
+    return {"items": list(items), "torch_imported": "torch" in sys.modules}
+
+
+def time_item(item: str, n: int) -> list[float]:
+    timed, untimed = STATE["items"][item]
+    return time_reps(n, timed, untimed)
+
+
+def _out_bytes(res) -> int:
+    arrays = []
+    for v in res:
+        if isinstance(v, np.ndarray):
+            arrays.append(v)
+        elif isinstance(v, (list, tuple)):
+            arrays += [a for a in v if isinstance(a, np.ndarray)]
+    return sum(a.nbytes for a in arrays)
+
+
+def _traced(fn) -> tuple[Any, int, int]:
+    """(result, peak bytes allocated during fn above the start, bytes of the result)."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        res = fn()
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    return res, peak, _out_bytes(res)
+
+
+def memory() -> dict:
+    """tracemalloc peak of one call minus the bytes of its outputs (NumPy allocations only;
+    memory a compiled kernel allocates outside NumPy/Python is not seen)."""
+    sh, c, fwd = STATE["shape"], STATE["case"], STATE["fwd"]
+    out = {}
+    for name, fn in (
+        ("bwd", lambda: _backward(sh, c, fwd.saved, "fused")),
+        ("bwd_nodx", lambda: _backward(sh, c, fwd.saved, "fused", NODX)),
+    ):
+        _, peak, outb = _traced(fn)
+        out[name] = {"peak": peak, "outputs": outb, "extra": peak - outb}
+    res, peak, _ = _traced(lambda: _forward(sh, c, "fused"))
+    outb = _out_bytes([*res[:3], *(a for lst in res.saved[:7] for a in lst)])
+    out["fwd"] = {"peak": peak, "outputs": outb, "extra": peak - outb}
+    return out
+
+
+def first_call(shape: dict) -> dict:
+    """In a fresh process: import time, then the first and second forward and backward."""
+    t0 = time.perf_counter()
+    already = "lstmgrad" in sys.modules
+    _lg()
+    impls()
+    t_import = time.perf_counter() - t0
+    sh = Shape.from_dict(shape)
+    c = make_case(sh, "float32")
+    out: dict[str, Any] = {"import_s": t_import, "lstmgrad_was_imported": already}
+    for k in (1, 2):
+        t0 = time.perf_counter()
+        f = _forward(sh, c, "fused")
+        t1 = time.perf_counter()
+        _backward(sh, c, f.saved, "fused")
+        t2 = time.perf_counter()
+        out[f"fwd{k}_s"], out[f"bwd{k}_s"] = t1 - t0, t2 - t1
+    out["torch_imported"] = "torch" in sys.modules
+    out["pid"] = os.getpid()
+    return out
+
+
+if __name__ == "__main__":
+    serve(
+        {
+            "info": info,
+            "impls": impls,
+            "gate_fused": gate_fused,
+            "reference64": reference64,
+            "setup": setup,
+            "time": time_item,
+            "memory": memory,
+            "first_call": first_call,
+        }
+    )
