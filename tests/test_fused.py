@@ -274,3 +274,28 @@ def test_default_engine_is_fused_and_impl_is_validated():
     with pytest.raises(lstmgrad.LstmInvalidArgumentError) as err:
         lstmgrad.lstm_forward(c["x"], c["params"], impl="fast")
     assert err.value.param == "impl" and "fast" in str(err.value)
+
+
+def test_recycled_memory_never_aliases_live_results():
+    """Result blocks are recycled once collected: results still held must never change."""
+    a = make_case(6, 4, 5, 7, 2, 2, np.float32, seed=21)
+    b = make_case(6, 4, 5, 7, 2, 2, np.float32, seed=22)
+    kept_f = lstmgrad.lstm_forward(a["x"], a["params"], a["hx"], **a["kw"])
+    kept_b = lstmgrad.lstm_backward(
+        a["x"], a["hx"], a["params"], a["dy"], a["dh"], a["dc"], *kept_f.saved[:7], **a["kw"]
+    )
+    snapshot = [x.copy() for x in [kept_f.output, *kept_f.saved.h, kept_b.dx, *kept_b.dparams]]
+    for _ in range(3):  # later calls, their results dropped at once, recycle their own blocks
+        f = lstmgrad.lstm_forward(b["x"], b["params"], b["hx"], **b["kw"])
+        lstmgrad.lstm_backward(
+            b["x"], b["hx"], b["params"], b["dy"], b["dh"], b["dc"], *f.saved[:7], **b["kw"]
+        )
+        del f
+    for x, y in zip(
+        [kept_f.output, *kept_f.saved.h, kept_b.dx, *kept_b.dparams], snapshot, strict=True
+    ):
+        assert np.array_equal(x, y)
+    only_h = kept_f.saved.h[0]  # one array alone keeps its block alive
+    del kept_f, kept_b
+    lstmgrad.lstm_forward(b["x"], b["params"], b["hx"], **b["kw"])
+    assert np.array_equal(only_h, snapshot[1])

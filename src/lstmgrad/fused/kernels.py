@@ -9,6 +9,7 @@ of a [N, *] array, N = sum(n_t); without batch sizes n_t = B and offsets[t] = t*
 from __future__ import annotations
 
 import numba
+import numpy as np
 
 from .vmath import one, vsigmoid, vtanh
 
@@ -30,53 +31,51 @@ def _copy(dst, src):  # pragma: no cover
 
 
 @_jit
-def _sigmoid_inplace(a):  # pragma: no cover
-    for j in range(a.shape[0]):
-        a[j] = vsigmoid(a[j])
+def _sigmoid_into(dst, a, x, b):  # pragma: no cover
+    """dst = sigmoid(a + x + b), 1-D views of one gate block."""
+    for j in range(dst.shape[0]):
+        dst[j] = vsigmoid(a[j] + x[j] + b[j])
 
 
 @_jit
-def _tanh_inplace(a):  # pragma: no cover
-    for j in range(a.shape[0]):
-        a[j] = vtanh(a[j])
+def _tanh_into(dst, a, x, b):  # pragma: no cover
+    """dst = tanh(a + x + b), 1-D views of one gate block."""
+    for j in range(dst.shape[0]):
+        dst[j] = vtanh(a[j] + x[j] + b[j])
 
 
 @_jit
 def forward_step(gx, gh, bias, h, c, n, s_i, s_g, s_f, s_o, s_h, s_c, s_tc, y):  # pragma: no cover
     """One step of one (layer, direction) (docs/math.md F1-F9, F11).
 
-    gx [n, 4H]: the input projection of the step's rows; gh [>=n, 4H]: h_prev @ W_hh^T, turned
-    into the activations in place; bias [4H]: b_ih + b_hh (zeros without bias); h, c [B, H]: the
-    running state, updated in place for rows < n. Writes the step's saved activations s_* [B, H]
-    (rows >= n: gates and tanhc 0, h and c the carried state) and y [B, H] (0 for rows >= n).
+    gx [n, 4H]: the input projection of the step's rows; gh [>=n, 4H]: h_prev @ W_hh^T; bias
+    [4H]: b_ih + b_hh (zeros without bias); h, c [B, H]: the running state, updated in place
+    for rows < n. Writes the step's saved activations s_* [B, H] (rows >= n: gates and tanhc 0,
+    h and c the carried state) and y [B, H] (0 for rows >= n).
     """
     rows, hid = h.shape
+    b_i, b_f, b_g, b_o = bias[:hid], bias[hid : 2 * hid], bias[2 * hid : 3 * hid], bias[3 * hid :]
     for r in range(n):
         a = gh[r]
-        x_r = gx[r]
-        for j in range(a.shape[0]):
-            a[j] += x_r[j] + bias[j]  # (F1)
-        a_i = a[:hid]
-        a_f = a[hid : 2 * hid]
-        a_g = a[2 * hid : 3 * hid]
-        a_o = a[3 * hid :]
-        _sigmoid_inplace(a[: 2 * hid])  # (F2, F3)
-        _tanh_inplace(a_g)  # (F4)
-        _sigmoid_inplace(a_o)  # (F5)
+        x = gx[r]
+        i_r = s_i[r]
+        f_r = s_f[r]
+        g_r = s_g[r]
+        o_r = s_o[r]
+        _sigmoid_into(i_r, a[:hid], x[:hid], b_i)  # (F1, F2)
+        _sigmoid_into(f_r, a[hid : 2 * hid], x[hid : 2 * hid], b_f)  # (F1, F3)
+        _tanh_into(g_r, a[2 * hid : 3 * hid], x[2 * hid : 3 * hid], b_g)  # (F1, F4)
+        _sigmoid_into(o_r, a[3 * hid :], x[3 * hid :], b_o)  # (F1, F5)
         c_r = c[r]
         for j in range(hid):
-            c_r[j] = a_f[j] * c_r[j] + a_i[j] * a_g[j]  # (F6)
+            c_r[j] = f_r[j] * c_r[j] + i_r[j] * g_r[j]  # (F6)
         tc_r = s_tc[r]
-        _copy(tc_r, c_r)
-        _tanh_inplace(tc_r)  # (F7)
+        for j in range(hid):
+            tc_r[j] = vtanh(c_r[j])  # (F7)
         h_r = h[r]
         for j in range(hid):
-            h_r[j] = a_o[j] * tc_r[j]  # (F8)
-        _copy(s_i[r], a_i)  # (F11)
-        _copy(s_f[r], a_f)
-        _copy(s_g[r], a_g)
-        _copy(s_o[r], a_o)
-        _copy(s_c[r], c_r)
+            h_r[j] = o_r[j] * tc_r[j]  # (F8)
+        _copy(s_c[r], c_r)  # (F11)
         _copy(s_h[r], h_r)
         _copy(y[r], h_r)
     for r in range(n, rows):  # (F9) masked rows: the state carries, y and the gates are 0
@@ -138,25 +137,25 @@ def backward_step(dy, has_dy, dh, dc, s_i, s_g, s_f, s_o, s_tc, c_prev, dg, n): 
 
 
 @_jit
-def gather_prev(
-    s_h, s_c, h0, c0, ns, offsets, order, hp, hp_col, cp, carry_h, carry_c
-):  # pragma: no cover
+def gather_prev(s_h, s_c, h0, c0, ns, offsets, order, hp, hp_col, cp):  # pragma: no cover
     """Packed previous states (docs/math.md B1): for each step in the forward's ``order``, rows
-    < n_t get the state after their previous active step (h0/c0 if none) into hp[:, hp_col:] and
-    cp. Saved states are read only at active positions, so padding never leaks in.
+    < n_t get the saved state of their previous active step (h0/c0 if none) into hp[:, hp_col:]
+    and cp. Saved states are read only at active positions, so padding never leaks in.
     """
-    rows, hid = carry_h.shape
-    for r in range(rows):
-        _copy(carry_h[r], h0[r])
-        _copy(carry_c[r], c0[r])
+    rows, hid = h0.shape
+    last = np.full(rows, -1, dtype=np.int64)  # each row's previous active step
     for step in range(order.shape[0]):
         t = order[step]
         off = offsets[t]
         for r in range(ns[t]):
-            _copy(hp[off + r, hp_col : hp_col + hid], carry_h[r])
-            _copy(cp[off + r], carry_c[r])
-            _copy(carry_h[r], s_h[t, r])
-            _copy(carry_c[r], s_c[t, r])
+            p = last[r]
+            if p < 0:
+                _copy(hp[off + r, hp_col : hp_col + hid], h0[r])
+                _copy(cp[off + r], c0[r])
+            else:
+                _copy(hp[off + r, hp_col : hp_col + hid], s_h[p, r])
+                _copy(cp[off + r], s_c[p, r])
+            last[r] = t
 
 
 @_jit
