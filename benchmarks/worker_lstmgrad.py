@@ -313,7 +313,13 @@ def _out_bytes(res) -> int:
 
 
 def _traced(fn) -> tuple[Any, int, int]:
-    """(result, peak bytes allocated during fn above the start, bytes of the result)."""
+    """(result, peak bytes allocated during fn above the start, bytes of the result).
+
+    The memory lstmgrad keeps between calls (scratch, recycled result blocks) is given back
+    first, so the call allocates, and the trace sees, everything it needs."""
+    release = getattr(getattr(_lg(), "workspace", None), "release_memory", None)
+    if release is not None:
+        release()
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()

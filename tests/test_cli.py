@@ -17,7 +17,7 @@ def test_demo_runs_as_module_and_passes():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "1.8399487" in out and "0.3696064" in out and "0.5567699" in out
-    assert "float64 vs PyTorch autograd" in out
+    assert "float64 ref vs PyTorch autograd" in out and "float32 fused vs float64 ref" in out
     assert "all checks passed" in out
 
 

@@ -31,11 +31,6 @@ def _scratch(nbytes: int) -> np.ndarray:
     return buf
 
 
-def release_scratch() -> None:
-    """Drop the calling thread's cached scratch buffer (it is rebuilt by the next call)."""
-    _local.buffer = None
-
-
 def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
@@ -81,6 +76,16 @@ def _result_memory(nbytes: int, dtype: np.dtype) -> np.ndarray:
     raw = np.frombuffer(memoryview(mem.data), dtype=dtype)
     weakref.finalize(raw, _recycle, mem).atexit = False
     return raw
+
+
+def release_memory() -> None:
+    """Give back the memory kept for later calls: the calling thread's scratch buffer and the
+    pool of recycled result blocks (both are rebuilt on demand)."""
+    global _pool_bytes
+    _local.buffer = None
+    with _pool_lock:
+        _pool.clear()
+        _pool_bytes = 0
 
 
 def block(shapes: Sequence[tuple[int, ...]], dtype: np.dtype) -> list[np.ndarray]:
