@@ -109,6 +109,9 @@ GRID = [
     (6, 3, 4, 5, 2, 2, np.float16, True, "dense", False),
     (5, 5, 4, 5, 2, 2, np.float16, True, "sorted", False),
     (9, 8, 33, 31, 1, 2, np.float32, True, "dense", False),
+    # H >= 256 and B <= 64: the forward's transposed recurrent GEMM
+    (5, 5, 8, 256, 2, 2, np.float32, True, "sorted", False),
+    (3, 2, 8, 256, 1, 1, np.float64, True, "dense", True),
 ]
 
 

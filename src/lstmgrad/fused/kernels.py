@@ -31,6 +31,20 @@ def _copy(dst, src):  # pragma: no cover
 
 
 @_jit
+def transpose_into(dst, src, n):  # pragma: no cover
+    """dst[:n, :] = src[:, :n].T in 16 x 16 tiles (src [W, >=n] C-contiguous, dst [>=n, W])."""
+    width = src.shape[0]
+    for j0 in range(0, width, 16):
+        j1 = min(j0 + 16, width)
+        for r0 in range(0, n, 16):
+            r1 = min(r0 + 16, n)
+            for r in range(r0, r1):
+                d = dst[r]
+                for j in range(j0, j1):
+                    d[j] = src[j, r]
+
+
+@_jit
 def _sigmoid_into(dst, a, x, b):  # pragma: no cover
     """dst = sigmoid(a + x + b), 1-D views of one gate block."""
     for j in range(dst.shape[0]):
