@@ -162,14 +162,14 @@ def lstm_forward(
                 kernels.pack_rows(layer_in, st.ns, st.offsets, xp, 0)
         for d in range(dims.D):
             k = layer * dims.D + d
-            # W^T C-contiguous: OpenBLAS is faster with a non-transposed B operand (measured
-            # 1.1-2.2x on the recurrent GEMM's small-M shapes)
-            w_ih_t = _c(call.params[dims.index(layer, d, W_IH)].T, cd)  # [I_l, 4H]
+            # W_ih as given (a transposed operand costs the big GEMM ~2%; a transposed copy of
+            # W_ih would cost more on large H)
+            w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd)  # [4H, I_l]
             w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd)  # [4H, H]
             w_hh_t = None if transposed else _c(w_hh.T, cd)  # [H, 4H]
             bias = _bias(call, layer, d, cd)
             gx = gx_buf[:n_rows]
-            np.matmul(xp, w_ih_t, out=gx)  # [N, 4H]: every step's input projection at once
+            np.matmul(xp, w_ih.T, out=gx)  # [N, 4H]: every step's input projection at once
             h[...] = 0.0 if call.h0 is None else call.h0[k]
             c[...] = 0.0 if call.c0 is None else call.c0[k]
             if cd == dtype:
