@@ -14,6 +14,7 @@ import cProfile
 import pstats
 import sys
 import time
+from functools import partial
 
 import numpy as np
 from shapes import SHAPES, make_case
@@ -42,11 +43,30 @@ def _kernel_ms(fn, reps: int = 3) -> float:
     return total / reps * 1e3
 
 
+def _rec_steps(rows_per_step, forward, transposed, w_hh, w_t, hs, dg) -> None:
+    for m in rows_per_step:
+        if forward and transposed:
+            np.matmul(w_hh, hs[:m].T)
+        elif forward:
+            np.matmul(hs[:m], w_t)
+        else:
+            np.matmul(dg[:m], w_hh)
+
+
+def _big_gemms(forward, i_l, xh, w_ih, w_ih_t, dg) -> None:
+    if forward:
+        np.matmul(xh[:, :i_l], w_ih_t)
+    else:
+        np.matmul(dg, w_ih)
+        np.matmul(dg.T, xh)
+
+
 def _gemms_ms(sh, rows_per_step, forward: bool) -> tuple[float, float]:
     """(recurrent GEMMs, big GEMMs) alone, float32, every (layer, direction)."""
     rng = np.random.default_rng(0)
     h, g = sh.H, 4 * sh.H
     n = int(sum(rows_per_step))
+    transposed = sh.B <= 64 and h >= 256  # as the fused forward does
     rec = big = 0.0
     for layer in range(sh.L):
         i_l = sh.I if layer == 0 else sh.D * sh.H
@@ -56,27 +76,9 @@ def _gemms_ms(sh, rows_per_step, forward: bool) -> tuple[float, float]:
         xh = rng.standard_normal((n, i_l + h)).astype(np.float32)
         hs = rng.standard_normal((sh.B, h)).astype(np.float32)
         w_t, w_ih_t = np.ascontiguousarray(w_hh.T), np.ascontiguousarray(w_ih.T)
-
-        transposed = sh.B <= 64 and h >= 256  # as the fused forward does
-
-        def rec_steps():
-            for m in rows_per_step:
-                if forward and transposed:
-                    np.matmul(w_hh, hs[:m].T)
-                elif forward:
-                    np.matmul(hs[:m], w_t)
-                else:
-                    np.matmul(dg[:m], w_hh)
-
-        def big_gemms():
-            if forward:
-                np.matmul(xh[:, :i_l], w_ih_t)
-            else:
-                np.matmul(dg, w_ih)
-                np.matmul(dg.T, xh)
-
-        rec += _median_ms(rec_steps, 3) * sh.D
-        big += _median_ms(big_gemms, 3) * sh.D
+        rec_fn = partial(_rec_steps, rows_per_step, forward, transposed, w_hh, w_t, hs, dg)
+        rec += _median_ms(rec_fn, 3) * sh.D
+        big += _median_ms(partial(_big_gemms, forward, i_l, xh, w_ih, w_ih_t, dg), 3) * sh.D
     return rec, big
 
 
