@@ -105,14 +105,9 @@ def main(ids: list[str]) -> None:
             c["batch_sizes"],
         )
         rows = c["batch_sizes"] if c["batch_sizes"] is not None else [sh.B] * sh.T
-        for name, fn, forward in (
-            ("backward", lambda: lstmgrad.lstm_backward(*args, **kw), False),
-            (
-                "forward",
-                lambda: lstmgrad.lstm_forward(c["x"], c["params"], hx, c["batch_sizes"], **kw),
-                True,
-            ),
-        ):
+        bwd = partial(lstmgrad.lstm_backward, *args, **kw)
+        fwd_fn = partial(lstmgrad.lstm_forward, c["x"], c["params"], hx, c["batch_sizes"], **kw)
+        for name, fn, forward in (("backward", bwd, False), ("forward", fwd_fn, True)):
             total = _median_ms(fn)
             kern = _kernel_ms(fn)
             rec, big = _gemms_ms(sh, rows, forward)
