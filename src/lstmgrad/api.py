@@ -10,28 +10,20 @@ import numpy as np
 
 from . import fused, reference
 from .contract import (
+    DEFAULT_IMPL,
     BackwardCall,
     ForwardCall,
     LstmBackwardResult,
     LstmForwardResult,
     check_backward,
     check_forward,
+    check_impl,
 )
 from .dropout import make_dropout_masks
-from .errors import LstmError, LstmInternalError, LstmInvalidArgumentError
+from .errors import LstmError, LstmInternalError
 from .workspace import Arena
 
-ENGINES: dict[str, ModuleType] = {"fused": fused, "reference": reference}
-DEFAULT_IMPL = "fused"
-
-
-def check_impl(fn: str, impl: Any) -> str:
-    """``impl`` names an engine: "fused" (the default) or "reference"."""
-    if not isinstance(impl, str) or impl not in ENGINES:
-        raise LstmInvalidArgumentError(
-            f"{fn}: impl must be one of {sorted(ENGINES)}, got {impl!r}", "impl"
-        )
-    return impl
+ENGINES: dict[str, ModuleType] = {"fused": fused, "reference": reference}  # contract.IMPLS
 
 
 def run_backward(

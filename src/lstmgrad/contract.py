@@ -20,6 +20,8 @@ from .errors import LstmInvalidArgumentError, LstmNullArgumentError
 from .layout import W_HH, W_IH, Dims, num_params, param_name, params_per_direction
 from .varlen import mask_from_batch_sizes
 
+IMPLS = ("fused", "reference")  # the engines, api.ENGINES maps them to their modules
+DEFAULT_IMPL = "fused"
 SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 SAVED_NAMES = ("i", "g", "f", "o", "h", "c", "tanhc")
 OUTPUT_NAMES = ("dx", "dh_prev", "dc_prev", "dparams")
@@ -139,6 +141,15 @@ def _type_name(value: Any) -> str:
         text = repr(value)
         return f"{type(value).__name__} {text[:40] + '...' if len(text) > 40 else text}"
     return type(value).__name__
+
+
+def check_impl(fn: str, impl: Any) -> str:
+    """``impl`` names an engine: "fused" (the default) or "reference"."""
+    if not isinstance(impl, str) or impl not in IMPLS:
+        raise LstmInvalidArgumentError(
+            f"{fn}: impl must be one of {list(IMPLS)}, got {impl!r}", "impl"
+        )
+    return impl
 
 
 def require(fn: str, name: str, value: Any) -> None:
