@@ -1,11 +1,12 @@
-"""Gate order, params indexing and the dimensions record shared by every layer of the package."""
+"""Params indexing and the dimensions record shared by every layer of the package.
+
+Gate blocks along the 4H axis are in PyTorch's order i, f, g, o (SPEC 1); the engines slice
+them as [0:H], [H:2H], [2H:3H], [3H:4H].
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-# Gate blocks along the 4H axis, PyTorch order (SPEC 1).
-GATE_I, GATE_F, GATE_G, GATE_O = 0, 1, 2, 3
 
 # Kinds of tensor in one (layer, direction) group of params.
 W_IH, W_HH, B_IH, B_HH = 0, 1, 2, 3

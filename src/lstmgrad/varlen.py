@@ -17,8 +17,3 @@ def batch_sizes_from_lengths(
     lengths = np.asarray(lengths, dtype=np.int64)
     t = int(lengths.max(initial=0)) if steps is None else steps
     return (lengths[None, :] > np.arange(t)[:, None]).sum(axis=1).astype(np.int64)
-
-
-def lengths_from_batch_sizes(batch_sizes: np.ndarray, batch: int) -> np.ndarray:
-    """Number of active steps of each of the B sequences, int64 [B]."""
-    return mask_from_batch_sizes(batch_sizes, batch).sum(axis=0).astype(np.int64)
