@@ -86,43 +86,15 @@ def main() -> None:
                     # backward alone: the low-precision engine on the saved activations of the
                     # float64 forward cast down; its reference uses the same cast values
                     saved_low = [[a.astype(dtype) for a in lst] for lst in f_ref.saved[:7]]
-                    got = _grads(
-                        lstmgrad.lstm_backward(
-                            low[0],
-                            hx_low,
-                            p_low,
-                            low[1],
-                            low[2],
-                            low[2],
-                            *saved_low,
-                            bs,
-                            impl=impl,
-                            **kw,
-                        )
-                    )
+                    low_args = (low[0], hx_low, p_low, low[1], low[2], low[2])
+                    got = _grads(lstmgrad.lstm_backward(*low_args, *saved_low, bs, impl=impl, **kw))
+                    saved_up = [[up(a) for a in lst] for lst in saved_low]
                     want_alone = _grads(
-                        lstmgrad.lstm_backward(
-                            *args_ref,
-                            *[[up(a) for a in lst] for lst in saved_low],
-                            bs,
-                            impl="reference",
-                            **kw,
-                        )
+                        lstmgrad.lstm_backward(*args_ref, *saved_up, bs, impl="reference", **kw)
                     )
                     e_bwd = max(e_bwd, _rel(got, want_alone))
                     got_fb = _grads(
-                        lstmgrad.lstm_backward(
-                            low[0],
-                            hx_low,
-                            p_low,
-                            low[1],
-                            low[2],
-                            low[2],
-                            *f_low.saved[:7],
-                            bs,
-                            impl=impl,
-                            **kw,
-                        )
+                        lstmgrad.lstm_backward(*low_args, *f_low.saved[:7], bs, impl=impl, **kw)
                     )
                     e_fb = max(e_fb, _rel(got_fb, want))
             print(f"| {impl} | {np.dtype(dtype).name} | {e_bwd:.1e} | {e_fb:.1e} |")
