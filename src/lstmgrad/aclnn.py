@@ -236,7 +236,7 @@ def aclnnLSTMGetWorkspaceSize(
                         for j, a in enumerate(items)
                     ]
                 )
-        call.train = True  # the saved activations are always computed; copied out with train
+        call.train = train  # checked with train=False above so that dropout stays ignored
         size = workspace_bytes(ENGINES[DEFAULT_IMPL].forward_workspace_slots(dims, dtype))
 
         def run(arena: Arena, call: ForwardCall = call) -> None:

@@ -115,8 +115,9 @@ class Arena:
         """An uninitialised array of ``shape`` and ``dtype``."""
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if self._buffer is None or nbytes == 0:
+        if nbytes == 0:
             return np.empty(shape, dtype=dtype)
+        assert self._buffer is not None  # take_all sets it
         end = self._offset + nbytes
         if end > self._buffer.nbytes:
             raise MemoryError(

@@ -151,9 +151,7 @@ def lstm_forward(
         width = dims.layer_input_size(layer)
         xp = xp_buf[:n_rows, :width]  # [N, I_l]
         if layer == 0:
-            kernels.pack_rows(
-                call.x if call.x.dtype == cd else call.x.astype(cd), st.ns, st.offsets, xp, 0
-            )
+            kernels.pack_rows(call.x.astype(cd, copy=False), st.ns, st.offsets, xp, 0)
         else:
             np.copyto(layer_in, y)  # the layer below's rounded output
             if masks is not None:
@@ -231,7 +229,7 @@ def lstm_backward(
     dc_prev = outs[2] if need_dc else None
     dparams = outs[3:] if need_dw else None
     masks = [_c(m, cd) for m in call.dropout_masks] if call.dropout_masks else None
-    dy = None if call.dy is None else (call.dy if call.dy.dtype == cd else call.dy.astype(cd))
+    dy = None if call.dy is None else call.dy.astype(cd, copy=False)
     dx_out = None
     dummy = np.zeros((1, 1, 1), dtype=cd)
     for layer in reversed(range(dims.L)):
@@ -240,9 +238,7 @@ def lstm_backward(
         xh = xh_buf[:n_rows, : width + hidden]
         if need_dw:  # the layer's input, packed, in xh[:, :width]
             if layer == 0:
-                kernels.pack_rows(
-                    call.x if call.x.dtype == cd else call.x.astype(cd), st.ns, st.offsets, xh, 0
-                )
+                kernels.pack_rows(call.x.astype(cd, copy=False), st.ns, st.offsets, xh, 0)
             else:
                 for d in range(dims.D):
                     h_below = _c(call.saved[4][(layer - 1) * dims.D + d], cd)
