@@ -80,6 +80,14 @@ def fused_forward(c):
     )
 
 
+def assert_identical(got, want):
+    """Every output of two backward results equal bit for bit."""
+    got_all = [got.dx, got.dh_prev, got.dc_prev, *got.dparams]
+    want_all = [want.dx, want.dh_prev, want.dc_prev, *want.dparams]
+    for a, b in zip(got_all, want_all, strict=True):
+        assert np.array_equal(a, b)
+
+
 def compare(got, want, tol):
     for name in ("dx", "dh_prev", "dc_prev"):
         g, w = getattr(got, name), getattr(want, name)
@@ -178,12 +186,7 @@ def test_strided_inputs_give_identical_results():
     )
     s["fw"] = c["fw"]._replace(saved=s["fw"])
     got = fused_backward(s)
-    for a, b in zip(
-        [got.dx, got.dh_prev, got.dc_prev, *got.dparams],
-        [base.dx, base.dh_prev, base.dc_prev, *base.dparams],
-        strict=True,
-    ):
-        assert np.array_equal(a, b)
+    assert_identical(got, base)
 
 
 def test_dropout_masks_match_reference():
@@ -224,12 +227,7 @@ def test_nan_in_padding_never_reaches_a_result():
         )
     )
     got = fused_backward(dirty)
-    for a, b in zip(
-        [got.dx, got.dh_prev, got.dc_prev, *got.dparams],
-        [clean.dx, clean.dh_prev, clean.dc_prev, *clean.dparams],
-        strict=True,
-    ):
-        assert np.array_equal(a, b)
+    assert_identical(got, clean)
 
 
 def test_nan_and_inf_propagate():
@@ -260,12 +258,7 @@ def test_deterministic_and_thread_safe():
     for t in threads:
         t.join()
     for r in results:
-        for a, b in zip(
-            [r.dx, r.dh_prev, r.dc_prev, *r.dparams],
-            [first.dx, first.dh_prev, first.dc_prev, *first.dparams],
-            strict=True,
-        ):
-            assert np.array_equal(a, b)
+        assert_identical(r, first)
 
 
 def test_default_engine_is_fused_and_impl_is_validated():
