@@ -9,6 +9,9 @@ caller's output arrays; it returns a status. These functions never raise: a bad 
 status 161001/161002, anything unexpected 561103, and the message of the last failure is
 available from :func:`aclGetRecentErrMsg`.
 
+torch CPU tensors work wherever arrays do, outputs and workspace included (zero copy: results
+are written into the caller's tensors); with any tensor argument the GEMMs run on torch's BLAS.
+
 As in the original, ``dropout`` is ignored (its type and range are still checked). Decisions of
 ours: an output switched off by ``outputMask`` may be None and is left untouched; an executor
 runs once (a second run returns 161002).
@@ -43,6 +46,7 @@ from .errors import (
     LstmInvalidArgumentError,
     LstmNullArgumentError,
 )
+from .tensors import any_tensor, tensor_to_numpy, to_numpy, torch_matmul
 from .workspace import Arena, workspace_bytes
 
 __all__ = [
@@ -134,6 +138,16 @@ def aclnnLstmBackwardGetWorkspaceSize(
     """
     fn = "aclnnLstmBackwardGetWorkspaceSize"
     try:
+        args = {
+            "input": input, "hx": hx, "params": params, "dy": dy, "dh": dh, "dc": dc, "i": i,
+            "g": g, "f": f, "o": o, "h": h, "c": c, "tanhc": tanhc,
+            "batchSizesOptional": batchSizesOptional, "dxOut": dxOut, "dhPrevOut": dhPrevOut,
+            "dcPrevOut": dcPrevOut, "dparamsOut": dparamsOut,
+        }  # fmt: skip
+        matmul = torch_matmul() if any_tensor(*args.values()) else None
+        if matmul is not None:
+            (input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, batchSizesOptional, dxOut,
+             dhPrevOut, dcPrevOut, dparamsOut) = (to_numpy(fn, n, v) for n, v in args.items())  # fmt: skip
         check_bool(fn, "train", train)
         call = check_backward(
             fn, input, hx, params, dy, dh, dc, (i, g, f, o, h, c, tanhc), batchSizesOptional,
@@ -161,7 +175,7 @@ def aclnnLstmBackwardGetWorkspaceSize(
         size = workspace_bytes(ENGINES[DEFAULT_IMPL].backward_workspace_slots(dims, dtype))
 
         def run(arena: Arena, call: BackwardCall = call) -> None:
-            dx, dh_prev, dc_prev, dparams = run_backward(call, arena)
+            dx, dh_prev, dc_prev, dparams = run_backward(call, arena, matmul=matmul)
             for out, res in ((dx_out, dx), (dh_out, dh_prev), (dc_out, dc_prev)):
                 if out is not None and res is not None:
                     np.copyto(out, res)
@@ -204,6 +218,15 @@ def aclnnLSTMGetWorkspaceSize(
     """
     fn = "aclnnLSTMGetWorkspaceSize"
     try:
+        args = {
+            "input": input, "params": params, "hx": hx, "batchSizes": batchSizes,
+            "output": output, "hy": hy, "cy": cy, "iOut": iOut, "jOut": jOut, "fOut": fOut,
+            "oOut": oOut, "hOut": hOut, "cOut": cOut, "tanhCOut": tanhCOut,
+        }  # fmt: skip
+        matmul = torch_matmul() if any_tensor(*args.values()) else None
+        if matmul is not None:
+            (input, params, hx, batchSizes, output, hy, cy, iOut, jOut, fOut, oOut, hOut, cOut,
+             tanhCOut) = (to_numpy(fn, n, v) for n, v in args.items())  # fmt: skip
         call = check_forward(
             fn, input, params, hx, batchSizes, hasBias, numLayers, dropout, False,
             bidirectional, batchFirst, None,
@@ -240,7 +263,7 @@ def aclnnLSTMGetWorkspaceSize(
         size = workspace_bytes(ENGINES[DEFAULT_IMPL].forward_workspace_slots(dims, dtype))
 
         def run(arena: Arena, call: ForwardCall = call) -> None:
-            res = run_forward(call, arena)
+            res = run_forward(call, arena, matmul=matmul)
             np.copyto(y_out, res.output)
             np.copyto(hy_out, res.hy)
             np.copyto(cy_out, res.cy)
@@ -281,6 +304,7 @@ def _execute(op: str, workspace: Any, workspace_size: Any, executor: Any) -> int
                 f"got {workspace_size!r}",
                 "workspaceSize",
             )
+        workspace = tensor_to_numpy(op, "workspace", workspace)
         buf = None
         if need > 0:
             if workspace is None:

@@ -21,17 +21,28 @@ from .contract import (
 )
 from .dropout import make_dropout_masks
 from .errors import LstmError, LstmInternalError
+from .tensors import Matmul, any_tensor, to_numpy, to_tensors, torch_matmul
 from .workspace import Arena
 
 ENGINES: dict[str, ModuleType] = {"fused": fused, "reference": reference}  # contract.IMPLS
 
 
+def _gemm(impl: str, matmul: Matmul | None) -> dict[str, Matmul]:
+    """The fused engine takes the GEMM to use; the reference always computes with NumPy."""
+    return {"matmul": matmul} if matmul is not None and impl == "fused" else {}
+
+
 def run_backward(
-    call: BackwardCall, arena: Arena | None = None, impl: str = DEFAULT_IMPL
+    call: BackwardCall,
+    arena: Arena | None = None,
+    impl: str = DEFAULT_IMPL,
+    matmul: Matmul | None = None,
 ) -> LstmBackwardResult:
     """Run a validated backward call; results in the caller's layout."""
     try:
-        dx, dh_prev, dc_prev, dparams = ENGINES[impl].lstm_backward(call, arena)
+        dx, dh_prev, dc_prev, dparams = ENGINES[impl].lstm_backward(
+            call, arena, **_gemm(impl, matmul)
+        )
     except LstmError:
         raise
     except Exception as exc:  # anything unexpected is the contract's internal error
@@ -42,13 +53,17 @@ def run_backward(
 
 
 def run_forward(
-    call: ForwardCall, arena: Arena | None = None, impl: str = DEFAULT_IMPL
+    call: ForwardCall,
+    arena: Arena | None = None,
+    impl: str = DEFAULT_IMPL,
+    matmul: Matmul | None = None,
 ) -> LstmForwardResult:
-    """Run a validated forward call (drawing its dropout masks); output in the caller's layout."""
+    """Run a validated forward call (drawing its dropout masks unless given); output in the
+    caller's layout."""
     if call.dropout > 0 and call.dropout_masks is None:
         call.dropout_masks = make_dropout_masks(call.dims, call.dropout, call.seed, call.dtype)
     try:
-        y, hy, cy, saved = ENGINES[impl].lstm_forward(call, arena)
+        y, hy, cy, saved = ENGINES[impl].lstm_forward(call, arena, **_gemm(impl, matmul))
     except LstmError:
         raise
     except Exception as exc:
@@ -87,6 +102,10 @@ def lstm_backward(
     Legend: T steps, B batch, I input size, H hidden size, L num_layers, D = 2 if bidirectional
     else 1, k = layer * D + direction. All arrays share input's dtype (float16, float32 or
     float64); any strides are accepted and nothing is written into them.
+
+    torch CPU tensors are accepted wherever an array is (zero copy, any strides; they are read
+    detached, this function is not differentiable: :mod:`lstmgrad.torch_ops` is). Given any
+    tensor, the GEMMs run on torch's BLAS and the results are torch tensors.
 
     Args:
         input: ``input`` [T, B, I]; [B, T, I] if batch_first; [T*B, I] (padded, time-major)
@@ -131,27 +150,26 @@ def lstm_backward(
         >>> grads.dx.shape, grads.dh_prev.shape, [p.shape for p in grads.dparams][:2]
         ((5, 3, 4), (1, 3, 6), [(24, 4), (24, 6)])
     """
-    impl = check_impl("lstm_backward", impl)
+    fn = "lstm_backward"
+    impl = check_impl(fn, impl)
+    tensors = {
+        "input": input, "hx": hx, "params": params, "dy": dy, "dh": dh, "dc": dc, "i": i,
+        "g": g, "f": f, "o": o, "h": h, "c": c, "tanhc": tanhc, "batch_sizes": batch_sizes,
+        "dropout_masks": dropout_masks,
+    }  # fmt: skip
+    torch_io = any_tensor(*tensors.values())
+    if torch_io:
+        tensors = {name: to_numpy(fn, name, value) for name, value in tensors.items()}
+    a = tensors
     call = check_backward(
-        "lstm_backward",
-        input,
-        hx,
-        params,
-        dy,
-        dh,
-        dc,
-        (i, g, f, o, h, c, tanhc),
-        batch_sizes,
-        has_bias,
-        num_layers,
-        dropout,
-        train,
-        bidirectional,
-        batch_first,
-        output_mask,
-        dropout_masks,
-    )
-    return run_backward(call, None, impl)
+        fn, a["input"], a["hx"], a["params"], a["dy"], a["dh"], a["dc"],
+        tuple(a[n] for n in ("i", "g", "f", "o", "h", "c", "tanhc")), a["batch_sizes"],
+        has_bias, num_layers, dropout, train, bidirectional, batch_first, output_mask,
+        a["dropout_masks"],
+    )  # fmt: skip
+    if not torch_io:
+        return run_backward(call, None, impl)
+    return to_tensors(run_backward(call, None, impl, torch_matmul()))
 
 
 def lstm_forward(
@@ -167,11 +185,12 @@ def lstm_forward(
     bidirectional: bool = False,
     batch_first: bool = False,
     seed: Any = None,
+    dropout_masks: Sequence[np.ndarray] | None = None,
     impl: str = DEFAULT_IMPL,
 ) -> LstmForwardResult:
     """LSTM forward (aclnnLSTM), saving the activations the backward consumes.
 
-    Legend as in :func:`lstm_backward`.
+    Legend as in :func:`lstm_backward`; torch CPU tensors are accepted and returned as there.
 
     Args:
         input: ``input`` [T, B, I]; [B, T, I] if batch_first; [T*B, I] with batch_sizes
@@ -185,6 +204,8 @@ def lstm_forward(
             scale 1/(1-dropout)) on the input of every layer above the first.
         seed: seed of the dropout masks (None: fresh entropy); the same seed gives the same
             masks with either engine.
+        dropout_masks: instead of drawing them, use these masks (L-1 arrays [T, B, D*H], e.g.
+            0 or 1/(1-dropout)); only where dropout applies (dropout > 0 and train).
         impl: the engine, as in :func:`lstm_backward`.
 
     Returns:
@@ -204,19 +225,20 @@ def lstm_forward(
         >>> round(float(out.output[0, 0, 0]), 7), round(float(out.cy[0, 0, 0]), 7)
         (0.3696064, 0.5567699)
     """
-    impl = check_impl("lstm_forward", impl)
+    fn = "lstm_forward"
+    impl = check_impl(fn, impl)
+    tensors = {
+        "input": input, "params": params, "hx": hx, "batch_sizes": batch_sizes,
+        "dropout_masks": dropout_masks,
+    }  # fmt: skip
+    torch_io = any_tensor(*tensors.values())
+    if torch_io:
+        tensors = {name: to_numpy(fn, name, value) for name, value in tensors.items()}
+    a = tensors
     call = check_forward(
-        "lstm_forward",
-        input,
-        params,
-        hx,
-        batch_sizes,
-        has_bias,
-        num_layers,
-        dropout,
-        train,
-        bidirectional,
-        batch_first,
-        seed,
-    )
-    return run_forward(call, None, impl)
+        fn, a["input"], a["params"], a["hx"], a["batch_sizes"], has_bias, num_layers, dropout,
+        train, bidirectional, batch_first, seed, a["dropout_masks"],
+    )  # fmt: skip
+    if not torch_io:
+        return run_forward(call, None, impl)
+    return to_tensors(run_forward(call, None, impl, torch_matmul()))

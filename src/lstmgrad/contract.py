@@ -123,7 +123,7 @@ class ForwardCall:
     dropout: float  # probability applied between layers (0 when not training)
     train: bool
     seed: int | None
-    dropout_masks: list[np.ndarray] | None = None  # L-1 x [T, B, D*H], drawn by the API
+    dropout_masks: list[np.ndarray] | None = None  # L-1 x [T, B, D*H], given or drawn by the API
 
 
 # ---------------------------------------------------------------------------------------------
@@ -564,8 +564,13 @@ def check_forward(
     bidirectional: Any,
     batch_first: Any,
     seed: Any,
+    dropout_masks: Any = None,
 ) -> ForwardCall:
-    """Validate a forward call (SPEC 10, 4, 5, 7, 8) and normalise it."""
+    """Validate a forward call (SPEC 10, 4, 5, 7, 8) and normalise it.
+
+    ``dropout_masks`` (L-1 arrays [T, B, D*H], only where dropout applies) are the caller's own
+    masks; None lets the API draw them from ``seed``.
+    """
     require(fn, "input", input)
     require(fn, "params", params)
     has_bias = check_bool(fn, "has_bias", has_bias)
@@ -608,6 +613,9 @@ def check_forward(
     h0 = c0 = None
     if hx_items is not None:
         h0, c0 = _check_state_list(fn, "hx", hx_items, dims, dtype)
+    masks = None
+    if dropout_masks is not None:
+        masks = _check_dropout_masks(fn, dropout_masks, dims, dtype, applies=p > 0 and train)
     return ForwardCall(
         dims=dims,
         dtype=dtype,
@@ -620,4 +628,5 @@ def check_forward(
         dropout=p if train else 0.0,
         train=train,
         seed=None if seed is None else int(seed),
+        dropout_masks=masks,
     )

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..contract import BackwardCall, ForwardCall, LstmSaved
 from ..layout import B_HH, B_IH, W_HH, W_IH, Dims
+from ..tensors import Matmul
 from ..workspace import Arena, Slot, block
 from . import kernels
 
@@ -122,9 +123,12 @@ def _bias(call: ForwardCall, layer: int, d: int, cd: np.dtype) -> np.ndarray:
 
 
 def lstm_forward(
-    call: ForwardCall, arena: Arena | None = None
+    call: ForwardCall, arena: Arena | None = None, matmul: Matmul = np.matmul
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, LstmSaved | None]:
-    """Forward of every (layer, direction); returns time-major output [T, B, D*H], hy, cy, saved."""
+    """Forward of every (layer, direction); returns time-major output [T, B, D*H], hy, cy, saved.
+
+    ``matmul(a, b, out)`` runs every GEMM (NumPy's by default; torch's for torch callers).
+    """
     arena = arena or Arena()
     dims, dtype = call.dims, call.dtype
     cd = compute_dtype(dtype)
@@ -167,7 +171,7 @@ def lstm_forward(
             w_hh_t = None if transposed else _c(w_hh.T, cd)  # [H, 4H]
             bias = _bias(call, layer, d, cd)
             gx = gx_buf[:n_rows]
-            np.matmul(xp, w_ih.T, out=gx)  # [N, 4H]: every step's input projection at once
+            matmul(xp, w_ih.T, out=gx)  # [N, 4H]: every step's input projection at once
             h[...] = 0.0 if call.h0 is None else call.h0[k]
             c[...] = 0.0 if call.c0 is None else call.c0[k]
             if cd == dtype:
@@ -179,10 +183,10 @@ def lstm_forward(
             for t in st.orders[d]:
                 n, off = st.ns[t], st.offsets[t]
                 if n and w_hh_t is not None:
-                    np.matmul(h[:n], w_hh_t, out=gh[:n])  # [n, 4H]
+                    matmul(h[:n], w_hh_t, out=gh[:n])  # [n, 4H]
                 elif n:
                     gh_t = gh_t_buf[: 4 * hidden * n].reshape(4 * hidden, n)
-                    np.matmul(w_hh, h[:n].T, out=gh_t)  # [4H, n]
+                    matmul(w_hh, h[:n].T, out=gh_t)  # [4H, n]
                     kernels.transpose_into(gh, gh_t, n)
                 kernels.forward_step(
                     gx[off : off + n], gh, bias, h, c, n,
@@ -203,9 +207,12 @@ def lstm_forward(
 
 
 def lstm_backward(
-    call: BackwardCall, arena: Arena | None = None
+    call: BackwardCall, arena: Arena | None = None, matmul: Matmul = np.matmul
 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None, list[np.ndarray] | None]:
-    """Backward of every (layer, direction), top layer first; time-major dx [T, B, I]."""
+    """Backward of every (layer, direction), top layer first; time-major dx [T, B, I].
+
+    ``matmul`` as in :func:`lstm_forward`.
+    """
     need_dx, need_dh, need_dc, need_dw = call.need
     if not any(call.need):
         return None, None, None, None
@@ -275,16 +282,16 @@ def lstm_backward(
                     s_i[t], s_g[t], s_f[t], s_o[t], s_tc[t], cp[off : off + n], dg[off : off + n], n,
                 )  # fmt: skip
                 if step < t_steps - 1 or need_dh:  # the last step's dh only feeds dh_prev
-                    np.matmul(dg[off : off + n], w_hh, out=dh[:n])
+                    matmul(dg[off : off + n], w_hh, out=dh[:n])
             if dh_prev is not None:
                 dh_prev[k] = dh
             if dc_prev is not None:
                 dc_prev[k] = dc
             if want_dx:
-                np.matmul(dg, w_ih, out=dx_buf[d, :n_rows, :width])  # [N, I_l]
+                matmul(dg, w_ih, out=dx_buf[d, :n_rows, :width])  # [N, I_l]
             if dparams is not None:
                 dw = dw_buf[:, : width + hidden]
-                np.matmul(dg.T, xh, out=dw)  # [4H, I_l + H]: dW_ih and dW_hh in one GEMM
+                matmul(dg.T, xh, out=dw)  # [4H, I_l + H]: dW_ih and dW_hh in one GEMM
                 dparams[dims.index(layer, d, W_IH)][...] = dw[:, :width]
                 dparams[dims.index(layer, d, W_HH)][...] = dw[:, width:]
                 if dims.has_bias:

@@ -1,0 +1,102 @@
+"""torch CPU tensors through the core API, without importing torch.
+
+The core works on NumPy arrays. When a caller hands it torch tensors, torch is necessarily
+loaded already, so this module takes it from ``sys.modules`` (the core never imports torch and
+runs without it): every tensor argument becomes a NumPy view of the same memory (zero copy, any
+strides), the engine's GEMMs run on torch's BLAS (mixing NumPy's OpenBLAS and torch's BLAS in
+one call measured 35x slower per call here: both runtimes' idle workers spin), and the results
+come back as tensors over the engine's result memory (zero copy again).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Protocol
+
+import numpy as np
+
+from .errors import LstmInvalidArgumentError
+
+
+class Matmul(Protocol):
+    """``matmul(a, b, out=c)``: c = a @ b for 2-D arrays, written in place (like np.matmul)."""
+
+    def __call__(self, a: np.ndarray, b: np.ndarray, /, *, out: np.ndarray) -> Any: ...
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def is_tensor(value: Any) -> bool:
+    """True for a torch.Tensor (False whenever torch is not loaded)."""
+    torch = _torch()
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def any_tensor(*values: Any) -> bool:
+    """True if any argument, or any element of a list/tuple argument, is a torch.Tensor."""
+    torch = _torch()
+    if torch is None:
+        return False
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            return True
+        if isinstance(v, (list, tuple)) and any(isinstance(e, torch.Tensor) for e in v):
+            return True
+    return False
+
+
+def tensor_to_numpy(fn: str, name: str, value: Any, param: str | None = None) -> Any:
+    """A NumPy view of a CPU tensor's memory (detached from autograd); anything else as is.
+
+    Raises 161002 for a tensor the core cannot read: not on the CPU, or of a dtype NumPy has no
+    equivalent for (bfloat16, ...); every other dtype is checked by the contract as usual.
+    """
+    if not is_tensor(value):
+        return value
+    param = param or name
+    if value.device.type != "cpu":
+        raise LstmInvalidArgumentError(
+            f"{fn}: {name} must be a CPU tensor, got a tensor on {value.device}", param
+        )
+    if value.layout != _torch().strided:
+        raise LstmInvalidArgumentError(
+            f"{fn}: {name} must be a dense (strided) tensor, got layout {value.layout}", param
+        )
+    t = value.detach().resolve_conj().resolve_neg()
+    try:
+        return t.numpy()
+    except (TypeError, RuntimeError) as exc:
+        raise LstmInvalidArgumentError(
+            f"{fn}: {name} must have dtype float16, float32 or float64, got {value.dtype}",
+            param,
+        ) from exc
+
+
+def to_numpy(fn: str, name: str, value: Any) -> Any:
+    """:func:`tensor_to_numpy` on an argument, or on each element of a list/tuple argument."""
+    if isinstance(value, (list, tuple)):
+        return [tensor_to_numpy(fn, f"{name}[{j}]", v, name) for j, v in enumerate(value)]
+    return tensor_to_numpy(fn, name, value)
+
+
+def to_tensors(value: Any) -> Any:
+    """NumPy arrays -> torch tensors over the same memory, through lists and NamedTuples."""
+    if isinstance(value, np.ndarray):
+        return _torch().from_numpy(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(to_tensors(v) for v in value))
+    if isinstance(value, list):
+        return [to_tensors(v) for v in value]
+    return value
+
+
+def _torch_matmul(a: np.ndarray, b: np.ndarray, /, *, out: np.ndarray) -> None:
+    torch = _torch()
+    torch.mm(torch.from_numpy(a), torch.from_numpy(b), out=torch.from_numpy(out))
+
+
+def torch_matmul() -> Matmul:
+    """``matmul(a, b, out=c)`` on NumPy arrays, computed by torch's BLAS in place into ``c``."""
+    return _torch_matmul
