@@ -1,0 +1,339 @@
+"""torch.library custom ops over the core: ``lstmgrad::lstm_forward`` and ``lstmgrad::lstm_backward``.
+
+Both ops run the fused engine on the tensors' own memory (zero copy in, zero copy out, GEMMs on
+torch's BLAS). Each has a fake (meta) implementation, so torch.compile traces them without a
+graph break, and the forward has an autograd formula that calls the backward op. :func:`lstm` is
+the differentiable functional form that :class:`lstmgrad.nn.LSTM` uses.
+
+Schemas (legend of :func:`lstmgrad.lstm_backward`; K = L*D)::
+
+    lstmgrad::lstm_forward(Tensor input, Tensor[] params, Tensor h0, Tensor c0,
+        Tensor? batch_sizes, Tensor? dropout_masks, bool has_bias, int num_layers,
+        float dropout, bool train, bool bidirectional, bool batch_first)
+        -> (Tensor output, Tensor hy, Tensor cy, Tensor saved)
+    lstmgrad::lstm_backward(Tensor input, Tensor[] params, Tensor h0, Tensor c0, Tensor? dy,
+        Tensor? dh, Tensor? dc, Tensor saved, Tensor? batch_sizes, Tensor? dropout_masks,
+        bool has_bias, int num_layers, float dropout, bool train, bool bidirectional,
+        bool batch_first, bool[] output_mask)
+        -> (Tensor dx, Tensor dh_prev, Tensor dc_prev, Tensor[] dparams)
+
+``saved`` is the seven saved lists stacked, [7, K, T, B, H] in the order i, g, f, o, h, c,
+tanhc (shape [0] when train is False: nothing saved); ``dropout_masks`` the L-1 masks stacked,
+[L-1, T, B, D*H]. An output switched off by ``output_mask`` is an empty tensor (shape [0], and
+an empty list for dparams).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .api import run_backward, run_forward
+from .contract import check_backward, check_forward
+from .errors import LstmInvalidArgumentError
+from .tensors import to_numpy, torch_matmul
+
+__all__ = ["lstm", "lstm_forward", "lstm_backward"]
+
+_GATHERED = 7  # i, g, f, o, h, c, tanhc
+
+
+def _stacked(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """``np.stack(arrays)``, as a view when they lie back to back in one block (the fused
+    engine allocates its results so); a copy otherwise."""
+    first = arrays[0]
+    step = first.nbytes
+    adjacent = all(
+        a.flags.c_contiguous and a.shape == first.shape and a.dtype == first.dtype
+        for a in arrays
+    ) and all(
+        a.ctypes.data == first.ctypes.data + j * step for j, a in enumerate(arrays)
+    )
+    if not adjacent or step == 0:
+        return np.stack(arrays)
+    return np.lib.stride_tricks.as_strided(
+        first, (len(arrays), *first.shape), (step, *first.strides), writeable=True
+    )
+
+
+def _unstack(t: Tensor | None) -> list[Any] | None:
+    return None if t is None else list(t.unbind(0))
+
+
+# ---------------------------------------------------------------------------------------------
+# lstmgrad::lstm_forward
+
+
+@torch.library.custom_op("lstmgrad::lstm_forward", mutates_args=(), device_types="cpu")
+def lstm_forward(
+    input: Tensor,
+    params: list[Tensor],
+    h0: Tensor,
+    c0: Tensor,
+    batch_sizes: Tensor | None,
+    dropout_masks: Tensor | None,
+    has_bias: bool,
+    num_layers: int,
+    dropout: float,
+    train: bool,
+    bidirectional: bool,
+    batch_first: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The forward (aclnnLSTM) as a custom op; see the module docstring for the schema."""
+    fn = "lstmgrad::lstm_forward"
+    masks = to_numpy(fn, "dropout_masks", _unstack(dropout_masks))
+    call = check_forward(
+        fn, to_numpy(fn, "input", input), to_numpy(fn, "params", params),
+        [to_numpy(fn, "h0", h0), to_numpy(fn, "c0", c0)], to_numpy(fn, "batch_sizes", batch_sizes),
+        has_bias, num_layers, dropout, train, bidirectional, batch_first, None,
+        masks if dropout > 0 and train else None,
+    )  # fmt: skip
+    res = run_forward(call, None, "fused", torch_matmul())
+    if res.saved is None:
+        saved = torch.empty(0, dtype=input.dtype)
+    else:
+        saved = torch.from_numpy(_stacked([a for lst in res.saved[:_GATHERED] for a in lst]))
+        saved = saved.view(_GATHERED, call.dims.K, *saved.shape[1:])
+    return (
+        torch.from_numpy(res.output),
+        torch.from_numpy(res.hy),
+        torch.from_numpy(res.cy),
+        saved,
+    )
+
+
+def _dims(
+    input: Tensor,
+    params: Sequence[Tensor],
+    h0: Tensor,
+    batch_sizes: Tensor | None,
+    num_layers: int,
+    bidirectional: bool,
+    batch_first: bool,
+) -> tuple[int, int, int, int, int]:
+    """T, B, I, H, K from the arguments' shapes (what the fake implementations need)."""
+    hidden = params[1].shape[1]  # weight_hh_l0 [4H, H]
+    k = num_layers * (2 if bidirectional else 1)
+    if batch_sizes is not None:
+        return batch_sizes.shape[0], h0.shape[1], input.shape[-1], hidden, k
+    if batch_first:
+        return input.shape[1], input.shape[0], input.shape[2], hidden, k
+    return input.shape[0], input.shape[1], input.shape[2], hidden, k
+
+
+@lstm_forward.register_fake
+def _(
+    input, params, h0, c0, batch_sizes, dropout_masks, has_bias, num_layers, dropout, train,
+    bidirectional, batch_first,
+):  # fmt: skip
+    t, b, _, hid, k = _dims(input, params, h0, batch_sizes, num_layers, bidirectional, batch_first)
+    width = (2 if bidirectional else 1) * hid
+    if batch_sizes is not None:
+        out_shape = (input.shape[0], width)
+    elif batch_first:
+        out_shape = (b, t, width)
+    else:
+        out_shape = (t, b, width)
+    saved_shape = (_GATHERED, k, t, b, hid) if train else (0,)
+    return (
+        input.new_empty(out_shape),
+        input.new_empty((k, b, hid)),
+        input.new_empty((k, b, hid)),
+        input.new_empty(saved_shape),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# lstmgrad::lstm_backward
+
+
+@torch.library.custom_op("lstmgrad::lstm_backward", mutates_args=(), device_types="cpu")
+def lstm_backward(
+    input: Tensor,
+    params: list[Tensor],
+    h0: Tensor,
+    c0: Tensor,
+    dy: Tensor | None,
+    dh: Tensor | None,
+    dc: Tensor | None,
+    saved: Tensor,
+    batch_sizes: Tensor | None,
+    dropout_masks: Tensor | None,
+    has_bias: bool,
+    num_layers: int,
+    dropout: float,
+    train: bool,
+    bidirectional: bool,
+    batch_first: bool,
+    output_mask: list[bool],
+) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+    """The backward (aclnnLstmBackward) as a custom op; see the module docstring for the schema."""
+    fn = "lstmgrad::lstm_backward"
+    if saved.dim() != 5 or saved.shape[0] != _GATHERED:
+        raise LstmInvalidArgumentError(
+            f"{fn}: saved must have shape [7, L*D, T, B, H] (the forward's saved activations; "
+            f"the forward must run with train=True), got {list(saved.shape)}",
+            "saved",
+        )
+    lists = [to_numpy(fn, "saved", list(s.unbind(0))) for s in saved.unbind(0)]
+    call = check_backward(
+        fn, to_numpy(fn, "input", input), [to_numpy(fn, "h0", h0), to_numpy(fn, "c0", c0)],
+        to_numpy(fn, "params", params), to_numpy(fn, "dy", dy), to_numpy(fn, "dh", dh),
+        to_numpy(fn, "dc", dc), tuple(lists), to_numpy(fn, "batch_sizes", batch_sizes),
+        has_bias, num_layers, dropout, train, bidirectional, batch_first, list(output_mask),
+        to_numpy(fn, "dropout_masks", _unstack(dropout_masks)),
+    )  # fmt: skip
+    dx, dh_prev, dc_prev, dparams = run_backward(call, None, "fused", torch_matmul())
+
+    def out(a: np.ndarray | None) -> Tensor:
+        return torch.empty(0, dtype=input.dtype) if a is None else torch.from_numpy(a)
+
+    return out(dx), out(dh_prev), out(dc_prev), [out(p) for p in dparams or []]
+
+
+@lstm_backward.register_fake
+def _(
+    input, params, h0, c0, dy, dh, dc, saved, batch_sizes, dropout_masks, has_bias, num_layers,
+    dropout, train, bidirectional, batch_first, output_mask,
+):  # fmt: skip
+    need_dx, need_dh, need_dc, need_dw = output_mask
+    empty = input.new_empty(0)
+    return (
+        input.new_empty(input.shape) if need_dx else empty,
+        h0.new_empty(h0.shape) if need_dh else empty,
+        c0.new_empty(c0.shape) if need_dc else empty,
+        [p.new_empty(p.shape) for p in params] if need_dw else [],
+    )
+
+
+def _no_double_backward(ctx: Any, *grads: Any) -> Any:
+    raise RuntimeError(
+        "lstmgrad::lstm_backward: double backward (a gradient of the LSTM's gradients, e.g. "
+        "torch.autograd.grad(..., create_graph=True) followed by another backward) is not "
+        "implemented"
+    )
+
+
+def _backward_setup(ctx: Any, inputs: Any, output: Any) -> None:
+    pass
+
+
+lstm_backward.register_autograd(_no_double_backward, setup_context=_backward_setup)
+
+
+# ---------------------------------------------------------------------------------------------
+# autograd of lstmgrad::lstm_forward
+
+_FLAGS = ("has_bias", "num_layers", "dropout", "train", "bidirectional", "batch_first")
+
+
+def _forward_setup(ctx: Any, inputs: Any, output: Any) -> None:
+    input, params, h0, c0, batch_sizes, dropout_masks, *flags = inputs
+    ctx.flags = dict(zip(_FLAGS, flags, strict=True))
+    ctx.n_params = len(params)
+    ctx.mark_non_differentiable(output[3])
+    ctx.save_for_backward(input, h0, c0, output[3], batch_sizes, dropout_masks, *params)
+
+
+def _forward_backward(ctx: Any, dy: Tensor, dh: Tensor, dc: Tensor, _saved: Any) -> Any:
+    input, h0, c0, saved, batch_sizes, dropout_masks, *params = ctx.saved_tensors
+    flags = ctx.flags
+    if not flags["train"]:
+        raise RuntimeError(
+            "lstmgrad::lstm_forward: no gradient without saved activations: run the forward "
+            "with train=True to differentiate it"
+        )
+    need_x, need_w, need_h0, need_c0 = ctx.needs_input_grad[:4]
+    mask = [bool(need_x), bool(need_h0), bool(need_c0), bool(need_w)]
+    if not any(mask):
+        return (None,) * (6 + len(_FLAGS))
+    dx, dh_prev, dc_prev, dparams = torch.ops.lstmgrad.lstm_backward(
+        input, params, h0, c0, dy, dh, dc, saved, batch_sizes, dropout_masks,
+        flags["has_bias"], flags["num_layers"], flags["dropout"], flags["train"],
+        flags["bidirectional"], flags["batch_first"], mask,
+    )  # fmt: skip
+    return (
+        dx if need_x else None,
+        list(dparams) if need_w else None,
+        dh_prev if need_h0 else None,
+        dc_prev if need_c0 else None,
+        None,
+        None,
+        *(None for _ in _FLAGS),
+    )
+
+
+lstm_forward.register_autograd(_forward_backward, setup_context=_forward_setup)
+
+
+# ---------------------------------------------------------------------------------------------
+# the differentiable functional form
+
+
+def lstm(
+    input: Tensor,
+    params: Sequence[Tensor],
+    hx: tuple[Tensor, Tensor] | None = None,
+    batch_sizes: Tensor | None = None,
+    *,
+    has_bias: bool = True,
+    num_layers: int = 1,
+    dropout: float = 0.0,
+    train: bool = True,
+    bidirectional: bool = False,
+    batch_first: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Differentiable LSTM over the custom ops: ``(output, h_n, c_n)``.
+
+    Layouts, shapes and flags as :func:`lstmgrad.lstm_forward` (input [T, B, I], [B, T, I] with
+    batch_first, or padded [T*B, I] with batch_sizes; params in ``_flat_weights`` order; hx
+    (h0, c0) each [L*D, B, H], zeros if None). With train and dropout > 0, inverted dropout
+    masks for the layers above the first are drawn from torch's generator (so
+    ``torch.manual_seed`` reproduces them) and the gradient uses exactly those masks. The
+    activations are saved only when a gradient may be asked for (grad mode on and some input
+    requiring grad).
+
+    Example:
+        >>> import torch
+        >>> from lstmgrad.torch_ops import lstm
+        >>> m = torch.nn.LSTM(4, 6)
+        >>> x = torch.randn(5, 3, 4, requires_grad=True)
+        >>> y, h_n, c_n = lstm(x, m._flat_weights)
+        >>> y.sum().backward()
+        >>> x.grad.shape, m.weight_hh_l0.grad.shape
+        (torch.Size([5, 3, 4]), torch.Size([24, 6]))
+    """
+    num_dirs = 2 if bidirectional else 1
+    hidden = params[1].shape[1]
+    k = num_layers * num_dirs
+    if hx is None:
+        if batch_sizes is not None:
+            batch = input.shape[0] // max(batch_sizes.shape[0], 1)
+        else:
+            batch = input.shape[0] if batch_first else input.shape[1]
+        zeros = input.new_zeros((k, batch, hidden))
+        hx = (zeros, zeros)
+    h0, c0 = hx
+    steps = batch_sizes.shape[0] if batch_sizes is not None else input.shape[1 if batch_first else 0]
+    masks = None
+    applies = train and dropout > 0 and num_layers > 1
+    if applies:
+        shape = (num_layers - 1, steps, h0.shape[1], num_dirs * hidden)
+        keep = 1.0 - dropout
+        masks = input.new_empty(shape).bernoulli_(keep)
+        masks = masks.mul_(1.0 / keep) if keep > 0 else masks.zero_()
+    needs_grad = torch.is_grad_enabled() and (
+        input.requires_grad or h0.requires_grad or c0.requires_grad
+        or any(p.requires_grad for p in params)
+    )  # fmt: skip
+    save = bool(needs_grad or applies)
+    output, h_n, c_n, _ = torch.ops.lstmgrad.lstm_forward(
+        input, list(params), h0, c0, batch_sizes, masks, has_bias, num_layers,
+        dropout if applies else 0.0, save, bidirectional, batch_first,
+    )  # fmt: skip
+    return output, h_n, c_n
+
