@@ -201,11 +201,10 @@ def _(
     dropout, train, bidirectional, batch_first, output_mask,
 ):  # fmt: skip
     need_dx, need_dh, need_dc, need_dw = output_mask
-    empty = input.new_empty(0)
     return (
-        input.new_empty(input.shape) if need_dx else empty,
-        h0.new_empty(h0.shape) if need_dh else empty,
-        c0.new_empty(c0.shape) if need_dc else empty,
+        input.new_empty(input.shape if need_dx else (0,)),
+        h0.new_empty(h0.shape if need_dh else (0,)),
+        c0.new_empty(c0.shape if need_dc else (0,)),
         [p.new_empty(p.shape) for p in params] if need_dw else [],
     )
 
