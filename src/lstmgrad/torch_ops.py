@@ -48,11 +48,8 @@ def _stacked(arrays: Sequence[np.ndarray]) -> np.ndarray:
     first = arrays[0]
     step = first.nbytes
     adjacent = all(
-        a.flags.c_contiguous and a.shape == first.shape and a.dtype == first.dtype
-        for a in arrays
-    ) and all(
-        a.ctypes.data == first.ctypes.data + j * step for j, a in enumerate(arrays)
-    )
+        a.flags.c_contiguous and a.shape == first.shape and a.dtype == first.dtype for a in arrays
+    ) and all(a.ctypes.data == first.ctypes.data + j * step for j, a in enumerate(arrays))
     if not adjacent or step == 0:
         return np.stack(arrays)
     return np.lib.stride_tricks.as_strided(
@@ -317,7 +314,9 @@ def lstm(
         zeros = input.new_zeros((k, batch, hidden))
         hx = (zeros, zeros)
     h0, c0 = hx
-    steps = batch_sizes.shape[0] if batch_sizes is not None else input.shape[1 if batch_first else 0]
+    steps = (
+        batch_sizes.shape[0] if batch_sizes is not None else input.shape[1 if batch_first else 0]
+    )
     masks = None
     applies = train and dropout > 0 and num_layers > 1
     if applies:
@@ -335,4 +334,3 @@ def lstm(
         dropout if applies else 0.0, save, bidirectional, batch_first,
     )  # fmt: skip
     return output, h_n, c_n
-
