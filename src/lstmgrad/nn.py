@@ -31,6 +31,18 @@ def _packed_rows(batch_sizes: Tensor, batch: int) -> Tensor:
     return torch.arange(steps * batch).masked_select(active.reshape(-1))
 
 
+def _let_dynamo_trace_lstm_modules() -> None:
+    """torch.compile refuses every torch.nn.LSTM instance, subclasses included, unless
+    ``torch._dynamo.config.allow_rnn`` is set; this forward is plain Python over custom ops with
+    fake implementations, which Dynamo traces whole (fullgraph=True, PackedSequence included).
+    The switch is process-wide: it also lets Dynamo trace plain torch.nn.RNN/GRU/LSTM modules
+    (experimental in PyTorch) instead of breaking the graph at them. Set here, at the first
+    construction, rather than at import: importing torch._dynamo takes ~1.5 s."""
+    import torch._dynamo.config
+
+    torch._dynamo.config.allow_rnn = True
+
+
 class LSTM(torch.nn.LSTM):
     r"""``torch.nn.LSTM`` computed by lstmgrad (the fused CPU engine, through its custom ops).
 
@@ -45,6 +57,9 @@ class LSTM(torch.nn.LSTM):
     - Tensors that are not on the CPU, or not float16/float32/float64, run torch.nn.LSTM's own
       forward unchanged.
     - Double backward raises a RuntimeError.
+    - Constructing one sets ``torch._dynamo.config.allow_rnn = True`` (process-wide), without
+      which torch.compile refuses any torch.nn.LSTM subclass; see
+      ``_let_dynamo_trace_lstm_modules``.
 
     Example:
         >>> import torch
@@ -65,9 +80,27 @@ class LSTM(torch.nn.LSTM):
                 f"aclnnLstmBackward contract), got {self.proj_size}",
                 "proj_size",
             )
+        _let_dynamo_trace_lstm_modules()
 
     def _runs_here(self, input: Tensor) -> bool:
         return input.device.type == "cpu" and input.dtype in _DTYPES
+
+    def _lstm(
+        self, input: Tensor, hx: tuple[Tensor, Tensor], batch_sizes: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        weights: list[Tensor] = list(self._flat_weights)  # type: ignore[arg-type]
+        return lstm(
+            input,
+            weights,
+            hx,
+            batch_sizes,
+            has_bias=self.bias,
+            num_layers=self.num_layers,
+            dropout=float(self.dropout),
+            train=self.training,
+            bidirectional=self.bidirectional,
+            batch_first=self.batch_first and batch_sizes is None,
+        )
 
     def forward(self, input: Any, hx: Any = None) -> Any:  # noqa: D102 (torch.nn.LSTM's)
         data = input.data if isinstance(input, PackedSequence) else input
@@ -75,13 +108,6 @@ class LSTM(torch.nn.LSTM):
             return super().forward(input, hx)
         self._update_flat_weights()
         k = self.num_layers * (2 if self.bidirectional else 1)
-        flags = dict(
-            has_bias=self.bias,
-            num_layers=self.num_layers,
-            dropout=float(self.dropout),
-            train=self.training,
-            bidirectional=self.bidirectional,
-        )
         if isinstance(input, PackedSequence):
             packed, batch_sizes, sorted_indices, unsorted_indices = input
             batch = int(batch_sizes[0]) if batch_sizes.numel() else 0
@@ -94,7 +120,7 @@ class LSTM(torch.nn.LSTM):
             rows = _packed_rows(batch_sizes, batch)
             steps = batch_sizes.shape[0]
             padded = packed.new_zeros(steps * batch, packed.shape[1]).index_copy(0, rows, packed)
-            y, h_n, c_n = lstm(padded, self._flat_weights, hx, batch_sizes, **flags)
+            y, h_n, c_n = self._lstm(padded, hx, batch_sizes)
             output = PackedSequence(
                 y.index_select(0, rows), batch_sizes, sorted_indices, unsorted_indices
             )
@@ -121,7 +147,7 @@ class LSTM(torch.nn.LSTM):
             if not is_batched:
                 hx = (hx[0].unsqueeze(1), hx[1].unsqueeze(1))
         self.check_forward_args(input, hx, None)
-        y, h_n, c_n = lstm(input, self._flat_weights, hx, batch_first=self.batch_first, **flags)
+        y, h_n, c_n = self._lstm(input, hx, None)
         if not is_batched:
             return y.squeeze(batch_dim), (h_n.squeeze(1), c_n.squeeze(1))
         return y, (h_n, c_n)

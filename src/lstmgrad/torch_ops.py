@@ -93,7 +93,9 @@ def lstm_forward(
     if res.saved is None:
         saved = torch.empty(0, dtype=input.dtype)
     else:
-        saved = torch.from_numpy(_stacked([a for lst in res.saved[:_GATHERED] for a in lst]))
+        s = res.saved
+        lists = (s.i, s.g, s.f, s.o, s.h, s.c, s.tanhc)
+        saved = torch.from_numpy(_stacked([a for lst in lists for a in lst]))
         saved = saved.view(_GATHERED, call.dims.K, *saved.shape[1:])
     return (
         torch.from_numpy(res.output),
