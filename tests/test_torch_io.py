@@ -1,0 +1,182 @@
+"""torch CPU tensors through the core API (Pythonic and C-style): the same results as NumPy
+arrays, tensors back, zero copy in and out, any strides, the contract's errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import lstmgrad  # noqa: E402
+from lstmgrad import aclnn  # noqa: E402
+
+SAVED = ("i", "g", "f", "o", "h", "c", "tanhc")
+
+
+def make(dtype=np.float64, num_layers=2, bidirectional=True, t=4, b=3, i=5, h=6, seed=0):
+    rng = np.random.default_rng(seed)
+    d = 2 if bidirectional else 1
+    params = []
+    for layer in range(num_layers):
+        width = i if layer == 0 else d * h
+        for _ in range(d):
+            params += [rng.uniform(-0.4, 0.4, s).astype(dtype) for s in
+                       [(4 * h, width), (4 * h, h), (4 * h,), (4 * h,)]]  # fmt: skip
+    x = rng.standard_normal((t, b, i)).astype(dtype)
+    hx = [rng.standard_normal((num_layers * d, b, h)).astype(dtype) for _ in range(2)]
+    dy = rng.standard_normal((t, b, d * h)).astype(dtype)
+    kw = dict(num_layers=num_layers, bidirectional=bidirectional)
+    return x, hx, params, dy, kw
+
+
+def tensors(value):
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    if isinstance(value, (list, tuple)):
+        return [tensors(v) for v in value]
+    return value
+
+
+def assert_close(got, want, rtol):
+    assert isinstance(got, torch.Tensor), type(got)
+    want = torch.from_numpy(np.asarray(want))
+    assert got.shape == want.shape and got.dtype == want.dtype
+    err = ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+    assert err <= rtol, err
+
+
+@pytest.mark.parametrize(
+    "dtype,rtol", [(np.float64, 1e-12), (np.float32, 1e-5)], ids=["f64", "f32"]
+)
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_tensors_give_the_numpy_results(dtype, rtol, varlen):
+    x, hx, params, dy, kw = make(dtype)
+    bs = None
+    if varlen:
+        bs = np.array([3, 3, 2, 1], dtype=np.int64)
+        x, dy = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+    fw_np = lstmgrad.lstm_forward(x, params, hx, bs, **kw)
+    fw_t = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), tensors(bs), **kw)
+    assert isinstance(fw_t, lstmgrad.LstmForwardResult)
+    for got, want in zip(fw_t[:3], fw_np[:3], strict=True):
+        assert_close(got, want, rtol)
+    for got, want in zip(fw_t.saved[:7], fw_np.saved[:7], strict=True):
+        for a, b in zip(got, want, strict=True):
+            assert_close(a, b, rtol)
+    bw_np = lstmgrad.lstm_backward(x, hx, params, dy, None, None, *fw_np.saved[:7], bs, **kw)
+    bw_t = lstmgrad.lstm_backward(
+        tensors(x), tensors(hx), tensors(params), tensors(dy), None, None,
+        *[tensors(s) for s in fw_np.saved[:7]], tensors(bs), **kw,
+    )  # fmt: skip
+    assert isinstance(bw_t, lstmgrad.LstmBackwardResult)
+    for got, want in zip([bw_t.dx, bw_t.dh_prev, bw_t.dc_prev, *bw_t.dparams],
+                         [bw_np.dx, bw_np.dh_prev, bw_np.dc_prev, *bw_np.dparams], strict=True):  # fmt: skip
+        assert_close(got, want, rtol)
+
+
+def test_strided_tensors_and_requires_grad():
+    x, hx, params, dy, kw = make(np.float64)
+    # batch_first views of a time-major buffer, a transposed weight copy read back through .T
+    xt = torch.from_numpy(x).transpose(0, 1).requires_grad_()
+    pt = [torch.from_numpy(np.ascontiguousarray(p.T)).T if p.ndim == 2 else torch.from_numpy(p)
+          for p in params]  # fmt: skip
+    assert not xt.is_contiguous() and not pt[0].is_contiguous()
+    got = lstmgrad.lstm_forward(xt, pt, tensors(hx), batch_first=True, **kw)
+    want = lstmgrad.lstm_forward(np.ascontiguousarray(x.transpose(1, 0, 2)), params, hx,
+                                 batch_first=True, **kw)  # fmt: skip
+    assert_close(got.output, want.output, 1e-12)
+    assert not got.output.requires_grad
+
+
+def test_zero_copy_in_and_out():
+    """Tensors are read through NumPy views of their own memory (any strides), and the results
+    are tensors over the engine's result block (output, hy, cy, saved back to back), not copies."""
+    from lstmgrad.tensors import to_numpy
+
+    x, hx, params, dy, kw = make(np.float32)
+    xt = torch.from_numpy(x).transpose(0, 1)
+    view = to_numpy("f", "input", xt)
+    assert view.ctypes.data == xt.data_ptr() and view.strides == (4 * x.shape[2], 4 * x[0].size, 4)
+    fw = lstmgrad.lstm_forward(torch.from_numpy(x), tensors(params), tensors(hx), **kw)
+    out, hy, cy = fw.output, fw.hy, fw.cy
+    assert hy.data_ptr() == out.data_ptr() + out.numel() * 4
+    assert cy.data_ptr() == hy.data_ptr() + hy.numel() * 4
+    assert fw.saved.i[0].data_ptr() == cy.data_ptr() + cy.numel() * 4
+
+
+def test_gemms_run_on_torch_blas(monkeypatch):
+    """With tensor arguments the fused engine's GEMMs go through torch (not NumPy's BLAS)."""
+    calls = []
+    real_mm = torch.mm
+
+    def counting_mm(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real_mm(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "mm", counting_mm)
+    x, hx, params, dy, kw = make(np.float32, num_layers=1, bidirectional=False)
+    lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), **kw)
+    assert len(calls) == 1 + x.shape[0]  # the input projection, then one per step
+    calls.clear()
+    lstmgrad.lstm_forward(x, params, hx, **kw)
+    assert calls == []
+
+
+@pytest.mark.parametrize(
+    "bad,param,match",
+    [
+        ("bfloat16", "input", "input must have dtype float16, float32 or float64, got torch.bfloat16"),
+        ("meta", "input", "input must be a CPU tensor, got a tensor on meta"),
+        ("param-bf16", "params", "params\\[1\\] must have dtype"),
+        ("int-input", "input", "input must have dtype float16, float32 or float64, got int32"),
+    ],
+)  # fmt: skip
+def test_tensor_errors_name_the_argument(bad, param, match):
+    x, hx, params, dy, kw = make(np.float32)
+    xt, pt = tensors(x), tensors(params)
+    if bad == "bfloat16":
+        xt = xt.bfloat16()
+    elif bad == "meta":
+        xt = torch.empty(x.shape, device="meta")
+    elif bad == "param-bf16":
+        pt[1] = pt[1].bfloat16()
+    elif bad == "int-input":
+        xt = xt.int()
+    with pytest.raises(lstmgrad.LstmInvalidArgumentError, match=match) as exc:
+        lstmgrad.lstm_forward(xt, pt, tensors(hx), **kw)
+    assert exc.value.code == 161002 and exc.value.param == param
+
+
+def test_aclnn_mirror_writes_into_tensors():
+    x, hx, params, dy, kw = make(np.float32)
+    k, b, h = hx[0].shape
+    want = lstmgrad.lstm_forward(x, params, hx, **kw)
+    out = torch.empty(dy.shape)
+    hy, cy = torch.empty(k, b, h), torch.empty(k, b, h)
+    lists = [[torch.empty(x.shape[0], b, h) for _ in range(k)] for _ in SAVED]
+    status, size, ex = aclnn.aclnnLSTMGetWorkspaceSize(
+        tensors(x), tensors(params), tensors(hx), None, True, 2, 0.0, True, True, False,
+        out, hy, cy, *lists,
+    )  # fmt: skip
+    assert status == aclnn.ACLNN_SUCCESS, aclnn.aclGetRecentErrMsg()
+    assert aclnn.aclnnLSTM(torch.empty(size, dtype=torch.uint8), size, ex, None) == 0
+    assert_close(out, want.output, 1e-5)
+    assert_close(cy, want.cy, 1e-5)
+    dx = torch.empty(x.shape)
+    dh_prev, dc_prev = torch.empty(k, b, h), torch.empty(k, b, h)
+    dparams = [torch.empty(p.shape) for p in params]
+    status, size, ex = aclnn.aclnnLstmBackwardGetWorkspaceSize(
+        tensors(x), tensors(hx), tensors(params), tensors(dy), None, None, *lists, None,
+        True, 2, 0.0, True, True, False, None, dx, dh_prev, dc_prev, dparams,
+    )  # fmt: skip
+    assert status == aclnn.ACLNN_SUCCESS, aclnn.aclGetRecentErrMsg()
+    assert aclnn.aclnnLstmBackward(torch.empty(size, dtype=torch.uint8), size, ex, None) == 0
+    bw = lstmgrad.lstm_backward(x, hx, params, dy, None, None, *want.saved[:7], **kw)
+    assert_close(dx, bw.dx, 1e-5)
+    assert_close(dparams[1], bw.dparams[1], 1e-5)
+    bad = aclnn.aclnnLSTMGetWorkspaceSize(
+        tensors(x).bfloat16(), tensors(params), tensors(hx), None, True, 2, 0.0, True, True,
+        False, out, hy, cy, *lists,
+    )  # fmt: skip
+    assert bad[0] == aclnn.ACLNN_ERR_PARAM_INVALID and "bfloat16" in aclnn.aclGetRecentErrMsg()

@@ -1,0 +1,141 @@
+"""The lstmgrad:: custom ops: torch.library.opcheck, gradcheck in float64 (finite differences),
+torch.compile fullgraph, and the errors of double backward / a forward that saved nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.library import opcheck  # noqa: E402
+
+from lstmgrad.torch_ops import lstm  # noqa: E402
+
+OPS = torch.ops.lstmgrad
+
+
+def weights(i, h, num_layers, bidirectional, bias, dtype=torch.float64, seed=0):
+    torch.manual_seed(seed)
+    m = torch.nn.LSTM(i, h, num_layers=num_layers, bidirectional=bidirectional, bias=bias)
+    return [w.detach().to(dtype) for w in m._flat_weights]
+
+
+CASES = [
+    # id, T, B, I, H, L, bidirectional, bias, batch_first, batch_sizes
+    ("T3-B2-I4-H5-L1-D1", 3, 2, 4, 5, 1, False, True, False, None),
+    ("T4-B3-I3-H4-L2-D2-bf", 4, 3, 3, 4, 2, True, True, True, None),
+    ("T1-B1-I2-H3-L1-D1-nobias", 1, 1, 2, 3, 1, False, False, False, None),
+    ("T4-B3-I3-H4-L2-D2-varlen", 4, 3, 3, 4, 2, True, True, False, [3, 2, 2, 1]),
+]
+
+
+def case_args(case, dtype=torch.float64, requires_grad=False):
+    _, t, b, i, h, nl, bi, bias, bf, bs = case
+    g = torch.Generator().manual_seed(1)
+    k = nl * (2 if bi else 1)
+    if bs is not None:
+        x = torch.randn(t * b, i, generator=g, dtype=dtype)
+    else:
+        x = torch.randn(*((b, t, i) if bf else (t, b, i)), generator=g, dtype=dtype)
+    h0 = torch.randn(k, b, h, generator=g, dtype=dtype)
+    c0 = torch.randn(k, b, h, generator=g, dtype=dtype)
+    ps = weights(i, h, nl, bi, bias, dtype)
+    if requires_grad:
+        for a in [x, h0, c0, *ps]:
+            a.requires_grad_()
+    bs_t = None if bs is None else torch.tensor(bs, dtype=torch.int64)
+    flags = dict(has_bias=bias, num_layers=nl, bidirectional=bi, batch_first=bf)
+    return x, ps, h0, c0, bs_t, flags
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_opcheck_forward(case):
+    x, ps, h0, c0, bs, fl = case_args(case, torch.float32, requires_grad=True)
+    args = (x, ps, h0, c0, bs, None, fl["has_bias"], fl["num_layers"], 0.0, True,
+            fl["bidirectional"], fl["batch_first"])  # fmt: skip
+    opcheck(OPS.lstm_forward.default, args)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    "mask", [[True] * 4, [False, True, True, True], [True, False, False, False]],
+    ids=["all", "no-dx", "dx-only"],
+)  # fmt: skip
+def test_opcheck_backward(case, mask):
+    x, ps, h0, c0, bs, fl = case_args(case, torch.float32)
+    flags = (fl["has_bias"], fl["num_layers"], 0.0, True, fl["bidirectional"], fl["batch_first"])
+    y, _, _, saved = OPS.lstm_forward(x, ps, h0, c0, bs, None, *flags)
+    dy = torch.randn_like(y)
+    dh = torch.randn_like(h0)
+    opcheck(OPS.lstm_backward.default, (x, ps, h0, c0, dy, dh, None, saved, bs, None, *flags, mask))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_gradcheck(case):
+    x, ps, h0, c0, bs, fl = case_args(case, requires_grad=True)
+
+    def f(x, h0, c0, *ps):
+        return lstm(x, list(ps), (h0, c0), bs, **fl)
+
+    assert torch.autograd.gradcheck(f, (x, h0, c0, *ps))
+
+
+def test_gradcheck_with_dropout_masks():
+    """Dropout masks come from torch's generator: reseeding makes the function deterministic, so
+    finite differences check the gradient through the masks."""
+    x, ps, h0, c0, bs, fl = case_args(CASES[3], requires_grad=True)
+    fl["num_layers"] = 2
+
+    def f(x, h0, c0, *ps):
+        torch.manual_seed(3)
+        return lstm(x, list(ps), (h0, c0), bs, dropout=0.5, **fl)
+
+    assert torch.autograd.gradcheck(f, (x, h0, c0, *ps))
+    torch.manual_seed(3)
+    y_drop = lstm(x, ps, (h0, c0), bs, dropout=0.5, **fl)[0]
+    y_plain = lstm(x, ps, (h0, c0), bs, **fl)[0]
+    assert not torch.allclose(y_drop, y_plain)
+
+
+def test_compile_fullgraph_functional():
+    x, ps, h0, c0, bs, fl = case_args(CASES[1], torch.float32, requires_grad=True)
+
+    def loss(x, h0, c0, ps):
+        y, h_n, c_n = lstm(x, ps, (h0, c0), **fl)
+        return (y**2).sum() + h_n.sum() + (c_n * 0.5).sum()
+
+    leaves = [x, h0, c0, *ps]
+    want = torch.autograd.grad(loss(x, h0, c0, ps), leaves)
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    got = torch.autograd.grad(compiled(x, h0, c0, ps), leaves)
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_double_backward_raises_clearly():
+    x, ps, h0, c0, bs, fl = case_args(CASES[0], requires_grad=True)
+    y = lstm(x, ps, (h0, c0), **fl)[0]
+    (gx,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward .* is not implemented"):
+        gx.sum().backward()
+
+
+def test_no_grad_forward_saves_nothing():
+    x, ps, h0, c0, bs, fl = case_args(CASES[0])
+    flags = (fl["has_bias"], fl["num_layers"], 0.0, False, fl["bidirectional"], fl["batch_first"])
+    y, hy, cy, saved = OPS.lstm_forward(x, ps, h0, c0, bs, None, *flags)
+    assert saved.shape == (0,)
+    with torch.no_grad():
+        y2 = lstm(x, ps, (h0, c0), **fl)[0]
+    assert torch.equal(y, y2)
+
+
+def test_backward_op_rejects_missing_saved():
+    x, ps, h0, c0, bs, fl = case_args(CASES[0])
+    flags = (fl["has_bias"], fl["num_layers"], 0.0, True, fl["bidirectional"], fl["batch_first"])
+    import lstmgrad
+
+    with pytest.raises(lstmgrad.LstmInvalidArgumentError, match="saved must have shape") as exc:
+        OPS.lstm_backward(x, ps, h0, c0, None, None, None, torch.empty(0, dtype=x.dtype), bs,
+                          None, *flags, [True] * 4)  # fmt: skip
+    assert exc.value.code == 161002 and exc.value.param == "saved"
