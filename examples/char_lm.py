@@ -162,6 +162,9 @@ def sample(model: CharLM, vocab: Vocab, n: int, temperature: float, seed: int) -
     return SAMPLE_PROMPT + vocab.decode(out)
 
 
+_CLEAR_LINE = "\r\033[K"  # back to column 0, erase to the end of the line
+
+
 class Progress:
     """A progress line on a stream: in place with ``\\r`` on a terminal, plain lines otherwise.
 
@@ -195,14 +198,14 @@ class Progress:
             f"{ms_per_step:7.1f} ms/step  ETA {_clock(eta)}"
         )
         if self.tty:
-            self.stream.write("\r" + line + ("\n" if final else ""))
+            self.stream.write(_CLEAR_LINE + line + ("\n" if final else ""))
         else:
             self.stream.write(line + "\n")
         self.stream.flush()
 
     def message(self, text: str) -> None:
         """Write a line of its own (after the progress line on a terminal)."""
-        self.stream.write(("\r\033[K" if self.tty else "") + text + "\n")
+        self.stream.write((_CLEAR_LINE if self.tty else "") + text + "\n")
         self.stream.flush()
 
 
@@ -294,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     progress.message(
         f"{label} {len(text):,} chars (vocab {len(vocab)}), train {split:,} / val "
         f"{len(data) - split:,}; {sum(p.numel() for p in model.parameters()):,} parameters, "
-        f"{torch.get_num_threads()} threads"
+        f"threads: {torch.get_num_threads()}"
     )
 
     train_losses: list[float] = []

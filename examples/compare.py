@@ -80,7 +80,12 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
         ms = r["median_ms_per_step"]
         steps = range(1, len(r["train_losses"]) + 1)
         ax.plot(
-            steps, r["train_losses"], line, color=color, lw=1, label=f"{impl} train ({ms:.1f} ms/step)"
+            steps,
+            r["train_losses"],
+            line,
+            color=color,
+            lw=1,
+            label=f"{impl} train ({ms:.1f} ms/step)",
         )
         ax.plot(
             [e["step"] for e in r["eval"]],
