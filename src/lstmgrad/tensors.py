@@ -97,10 +97,16 @@ def _mm(a: np.ndarray, b: np.ndarray, /, *, out: np.ndarray) -> None:
     torch.mm(torch.from_numpy(a), torch.from_numpy(b), out=torch.from_numpy(out))
 
 
+def _dense(a: np.ndarray) -> bool:
+    # oneDNN runs a reference kernel, orders of magnitude slower, on an operand whose rows are
+    # not packed (a row stride wider than the row)
+    return bool(a.flags.c_contiguous or a.flags.f_contiguous)
+
+
 def _onednn_mm(a: np.ndarray, b: np.ndarray, /, *, out: np.ndarray) -> None:
     torch = _torch()
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-    if ta.dtype != torch.float32:
+    if ta.dtype != torch.float32 or not (_dense(a) and _dense(b)):
         torch.mm(ta, tb, out=torch.from_numpy(out))
         return
     # a @ b = linear(a, weight=b^T), run by oneDNN (the library of torch's own LSTM)

@@ -58,6 +58,13 @@ def _c(a: np.ndarray, cd: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=cd)
 
 
+def _dense(buf: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """A C-contiguous [rows, cols] view at the start of ``buf`` (a scratch slot sized for the
+    widest layer): GEMM libraries take a dense operand on their fast path, while a row stride
+    wider than the row sent oneDNN to a reference kernel 100x slower."""
+    return buf.reshape(-1)[: rows * cols].reshape(rows, cols)
+
+
 def _rounded(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """``a`` rounded to the storage dtype, kept in a's dtype (in place)."""
     if a.dtype != dtype:
@@ -153,7 +160,7 @@ def lstm_forward(
     transposed = batch <= 64 and hidden >= 256
     for layer in range(dims.L):
         width = dims.layer_input_size(layer)
-        xp = xp_buf[:n_rows, :width]  # [N, I_l]
+        xp = _dense(xp_buf, n_rows, width)  # [N, I_l]
         if layer == 0:
             kernels.pack_rows(call.x.astype(cd, copy=False), st.ns, st.offsets, xp, 0)
         else:
@@ -242,7 +249,7 @@ def lstm_backward(
     for layer in reversed(range(dims.L)):
         width = dims.layer_input_size(layer)
         want_dx = layer > 0 or need_dx
-        xh = xh_buf[:n_rows, : width + hidden]
+        xh = _dense(xh_buf, n_rows, width + hidden)
         if need_dw:  # the layer's input, packed, in xh[:, :width]
             if layer == 0:
                 kernels.pack_rows(call.x.astype(cd, copy=False), st.ns, st.offsets, xh, 0)
@@ -288,9 +295,9 @@ def lstm_backward(
             if dc_prev is not None:
                 dc_prev[k] = dc
             if want_dx:
-                matmul(dg, w_ih, out=dx_buf[d, :n_rows, :width])  # [N, I_l]
+                matmul(dg, w_ih, out=_dense(dx_buf[d], n_rows, width))  # [N, I_l]
             if dparams is not None:
-                dw = dw_buf[:, : width + hidden]
+                dw = _dense(dw_buf, dims.G, width + hidden)
                 matmul(dg.T, xh, out=dw)  # [4H, I_l + H]: dW_ih and dW_hh in one GEMM
                 dparams[dims.index(layer, d, W_IH)][...] = dw[:, :width]
                 dparams[dims.index(layer, d, W_HH)][...] = dw[:, width:]
@@ -300,9 +307,9 @@ def lstm_backward(
                     dparams[dims.index(layer, d, B_HH)][...] = db
         if want_dx:
             # each direction's dx rounded to the storage dtype, summed in it (SPEC 7)
-            total = _rounded(dx_buf[0, :n_rows, :width], dtype)
+            total = _rounded(_dense(dx_buf[0], n_rows, width), dtype)
             if dims.D == 2:
-                np.add(total, _rounded(dx_buf[1, :n_rows, :width], dtype), out=total)
+                np.add(total, _rounded(_dense(dx_buf[1], n_rows, width), dtype), out=total)
                 _rounded(total, dtype)
             if layer > 0:
                 dy = dy_buf
