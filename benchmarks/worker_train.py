@@ -2,6 +2,7 @@
 
     python benchmarks/worker_train.py --impl torch      # torch.nn.LSTM, never imports lstmgrad
     python benchmarks/worker_train.py --impl lstmgrad   # lstmgrad.nn.LSTM
+    (either with --threads N: torch.set_num_threads(N) at start)
 
 Started twice by benchmarks/train_step.py; speaks the JSON-lines protocol of _protocol.py. The
 model of one shape is ``Linear(I, I) -> LSTM(I, H, L, D) -> Linear(D*H, 64)``, float32,
@@ -156,8 +157,9 @@ def info() -> dict:
         "mkldnn_enabled": torch.backends.mkldnn.enabled,
     }
     if IMPL == "lstmgrad":
-        import lstmgrad
         import numba
+
+        import lstmgrad
 
         out.update(
             lstmgrad=getattr(lstmgrad, "__version__", "?"),
@@ -170,14 +172,25 @@ def info() -> dict:
 
 def gate(shape: dict, steps: int = 3, seed: int = 0) -> dict:
     """``steps`` training steps of the packed/dense item from the seeded weights: the loss of
-    each step and the LSTM's parameters after the last one (the parent compares the sides)."""
+    each step, every parameter's gradient in the first step and the LSTM's parameters after the
+    last one (the parent compares the sides)."""
     _check_isolation()
     sh = Shape.from_dict(shape)
     b = _build(sh, seed)
     step = _step_fn(sh, b, "step")
-    losses = [float(step().detach()) for _ in range(steps)]
+    model = b["model"]
+    losses = [float(step().detach())]
+    # with lr 1e-3 three steps move the weights and the loss too little to expose a wrong
+    # gradient, so the first step's gradients are compared too (the input layer's need dx)
+    grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+    losses += [float(step().detach()) for _ in range(steps - 1)]
     _check_isolation()
-    return {"hash": b["hash"], "losses": losses, "params": encode(_lstm_params(b["model"]))}
+    return {
+        "hash": b["hash"],
+        "losses": losses,
+        "grads": encode(grads),
+        "params": encode(_lstm_params(model)),
+    }
 
 
 def _profile_ops(fn, steps: int) -> dict:
@@ -250,11 +263,13 @@ def main() -> None:
     global IMPL
     ap = argparse.ArgumentParser(description="training-step benchmark worker")
     ap.add_argument("--impl", choices=("torch", "lstmgrad"), required=True)
-    IMPL = ap.parse_args().impl
+    ap.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    args = ap.parse_args()
+    IMPL = args.impl
+    if args.threads:
+        torch.set_num_threads(args.threads)
     _check_isolation()
-    serve(
-        {"info": info, "gate": gate, "setup": setup, "time": time_item, "profile": profile}
-    )
+    serve({"info": info, "gate": gate, "setup": setup, "time": time_item, "profile": profile})
 
 
 if __name__ == "__main__":

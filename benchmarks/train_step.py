@@ -1,0 +1,713 @@
+"""Full training step, lstmgrad.nn.LSTM vs torch.nn.LSTM on CPU, each side in its own process.
+
+    python benchmarks/train_step.py [--shapes id,id] [--rounds N] [--quick] [--json P] [--png P]
+
+One step = zero_grad, forward of Linear(I, I) -> LSTM -> Linear(D*H, 64), cross-entropy over the
+valid time steps, backward, SGD(lr=1e-3, momentum=0.9).step(). Both workers run
+benchmarks/worker_train.py (``--impl torch``, which never imports lstmgrad, and ``--impl
+lstmgrad``); this parent imports neither torch nor lstmgrad. It first checks, on a scaled-down
+version of every shape, that three steps give the same losses and LSTM weights on both sides
+(exit 2 otherwise), then times interleaved batches (torch, lstmgrad, [torch padded], the order
+flipped every round) and reports medians and the median of the per-round ratios.
+See benchmarks/README.md, section "Training step".
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _protocol import Worker, WorkerError, decode  # noqa: E402
+from shapes import SHAPES, Shape, select  # noqa: E402
+
+GATE_TOL = 1e-4  # relative, float32 losses and LSTM parameters after GATE_STEPS steps
+GATE_STEPS = 3
+TARGET_DENSE, TARGET_VARLEN = 1.0, 2.0  # the project's speedup targets
+SEED = 0
+WORKER = HERE / "worker_train.py"
+
+
+@dataclass
+class Config:
+    rounds: int
+    target_s: float  # aimed seconds of timed steps per batch
+    warmup_steps: int
+    min_reps: int  # steps per batch, at least
+    max_reps: int
+    pause_s: float
+    noise_cores: float  # a pair is redone when other processes used more CPU than this
+    max_retries: int
+    budget_s: float  # time for the timings of all shapes; redos stop past a shape's share
+
+
+class TrainWorker(Worker):
+    """:class:`_protocol.Worker` running ``worker_train.py --impl IMPL``."""
+
+    def __init__(self, impl: str, log_path: Path, threads: int | None = None) -> None:
+        # Worker.__init__ starts the script without arguments; same setup, plus --impl
+        self.name = impl
+        self.log_path = log_path
+        self._log = open(log_path, "a")  # noqa: SIM115 (closed in close())
+        self.t_spawn = time.perf_counter()
+        extra = ["--threads", str(threads)] if threads else []
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WORKER), "--impl", impl, *extra],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            bufsize=1,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# other processes' CPU use during a batch (the machine is small and shared)
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _busy_ticks() -> int:
+    """Busy ticks of all CPUs since boot, or 0 without /proc."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return 0
+    return v[0] + v[1] + v[2] + v[5] + v[6] + v[7]  # user nice system irq softirq steal
+
+
+def _proc_ticks(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0
+    return int(fields[11]) + int(fields[12])  # utime, stime
+
+
+class CpuWatch:
+    """Cores that processes other than the worker ``pid`` and this one used during a block."""
+
+    def __init__(self, pid: int) -> None:
+        self.pids = (pid, os.getpid())
+
+    def __enter__(self) -> CpuWatch:
+        self.t0, self.b0 = time.perf_counter(), _busy_ticks()
+        self.p0 = sum(_proc_ticks(p) for p in self.pids)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self.t0
+        own = sum(_proc_ticks(p) for p in self.pids) - self.p0
+        self.foreign_ticks = max(0, _busy_ticks() - self.b0 - own)
+        self.cores = self.foreign_ticks / CLK_TCK / self.wall if self.wall > 0 else 0.0
+
+    def noisy(self, cores: float) -> bool:
+        """More than ``cores`` of foreign work on average, with two ticks of slack."""
+        return self.foreign_ticks > cores * self.wall * CLK_TCK + 2
+
+
+# --------------------------------------------------------------------------------------------
+# machine line
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def git_state() -> dict:
+    def git(*a: str) -> str:
+        try:
+            r = subprocess.run(
+                ["git", *a], cwd=HERE.parent, capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return r.stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "src"))}
+
+
+def machine(tinfo: dict, linfo: dict) -> dict:
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = None
+    return {
+        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "affinity": affinity,
+        "loadavg_start": os.getloadavg(),
+        "python": platform.python_version(),
+        "git": git_state(),
+        "env": {
+            k: os.environ.get(k)
+            for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+        },
+        "torch_worker": tinfo,
+        "lstmgrad_worker": linfo,
+    }
+
+
+def machine_lines(m: dict) -> list[str]:
+    t, lg = m["torch_worker"], m["lstmgrad_worker"]
+    env = ", ".join(f"{k}={v}" for k, v in m["env"].items() if v is not None) or "none set"
+    dirty = " (src dirty)" if m["git"]["dirty"] else ""
+    return [
+        f"date     {m['date']}   git {m['git']['commit'][:10]}{dirty}",
+        f"machine  {m['cpu']}, {m['cpu_count']} cores (affinity {m['affinity']}), "
+        f"load {m['loadavg_start'][0]:.2f}, Python {m['python']}",
+        f"torch    {t['torch']}, {t['num_threads']} threads (interop {t['num_interop_threads']}), "
+        f"BLAS {t['blas']}, {t['onednn']}, mkldnn enabled {t['mkldnn_enabled']}",
+        f"lstmgrad {lg['lstmgrad']} (lstmgrad.nn.LSTM, GEMMs on torch's BLAS), torch threads "
+        f"{lg['num_threads']} in its worker; Numba {lg['numba']} ({lg['numba_threads']} threads)",
+        f"env      {env}",
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# correctness gate
+
+
+def rel_err(got: Any, want: Any) -> float:
+    """max|got - want| / max|want| (inf on a shape mismatch or a non-finite value)."""
+    a = np.asarray(got, dtype=np.float64)
+    b = np.asarray(want, dtype=np.float64)
+    if a.shape != b.shape or not np.all(np.isfinite(a)):
+        return math.inf
+    if a.size == 0:
+        return 0.0
+    return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), np.finfo(float).tiny))
+
+
+def gate_shape(sh: Shape) -> Shape:
+    """The gate's small version of a shape: T <= 6, B <= 5, I and H / 16 (at least 4), same L,
+    D and length rule."""
+    return replace(sh.scaled(), I=max(4, sh.I // 16), H=max(4, sh.H // 16))
+
+
+def gate(tw: Worker, lw: Worker) -> tuple[dict, list[str]]:
+    """Both sides train every scaled shape GATE_STEPS steps from the same weights. Returns what
+    was measured and the failures: weights not identical at the start, or losses, first-step
+    gradients (every parameter of the model) or final LSTM parameters that differ."""
+    out: dict[str, Any] = {"tol": GATE_TOL, "steps": GATE_STEPS, "shapes": {}}
+    failures, worst_loss, worst_param, worst_grad = [], 0.0, 0.0, 0.0
+    for full in SHAPES:
+        sh = gate_shape(full)
+        want = tw.call("gate", shape=sh.to_dict(), steps=GATE_STEPS, seed=SEED)
+        got = lw.call("gate", shape=sh.to_dict(), steps=GATE_STEPS, seed=SEED)
+        loss_errs = [
+            abs(g - w) / max(abs(w), 1e-30)
+            for g, w in zip(got["losses"], want["losses"], strict=True)
+        ]
+        p_got, p_want = decode(got["params"]), decode(want["params"])
+        param_errs = [rel_err(g, w) for g, w in zip(p_got, p_want, strict=True)]
+        if len(p_got) != len(p_want):
+            param_errs.append(math.inf)
+        g_got, g_want = decode(got["grads"]), decode(want["grads"])
+        grad_errs = {n: rel_err(g_got.get(n), g) for n, g in g_want.items()}
+        res = {
+            "label": sh.label(),
+            "same_initial_weights": got["hash"] == want["hash"],
+            "torch_losses": want["losses"],
+            "lstmgrad_losses": got["losses"],
+            "loss_rel_err": max(loss_errs),
+            "param_rel_err": max(param_errs),
+            "grad_rel_err": grad_errs,
+        }
+        out["shapes"][full.id] = res
+        worst_loss = max(worst_loss, res["loss_rel_err"])
+        worst_param = max(worst_param, res["param_rel_err"])
+        worst_grad = max(worst_grad, *grad_errs.values())
+        if not res["same_initial_weights"]:
+            failures.append(f"{full.id} ({sh.label()}): initial weights differ between workers")
+        if not res["loss_rel_err"] <= GATE_TOL:
+            failures.append(
+                f"{full.id} ({sh.label()}): losses differ, rel err {res['loss_rel_err']:.2e} > "
+                f"{GATE_TOL:g}; torch {want['losses']}, lstmgrad {got['losses']}"
+            )
+        bad = {n: f"{e:.2e}" for n, e in grad_errs.items() if not e <= GATE_TOL}
+        if bad:
+            failures.append(
+                f"{full.id} ({sh.label()}): first-step gradients differ (rel err > "
+                f"{GATE_TOL:g}): {bad}"
+            )
+        if not res["param_rel_err"] <= GATE_TOL:
+            failures.append(
+                f"{full.id} ({sh.label()}): LSTM parameters after {GATE_STEPS} steps differ, max "
+                f"rel err {res['param_rel_err']:.2e} > {GATE_TOL:g}"
+            )
+    line = (
+        f"gate     {GATE_STEPS} SGD steps from identical weights, {len(SHAPES)} scaled shapes "
+        f"(T<=6, B<=5, I,H/16), float32: max rel err losses {worst_loss:.1e}, first-step "
+        f"gradients {worst_grad:.1e}, final LSTM params {worst_param:.1e} (tol {GATE_TOL:g})"
+    )
+    out["failures"] = failures
+    return out, [line]
+
+
+# --------------------------------------------------------------------------------------------
+# measurement
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else math.nan
+
+
+def measure_shape(sh: Shape, tw: Worker, lw: Worker, cfg: Config, share_s: float) -> dict:
+    """Warm-up, calibration, interleaved rounds and a profile of one shape."""
+    t_start = time.perf_counter()
+    tset = tw.call("setup", shape=sh.to_dict(), seed=SEED)
+    lset = lw.call("setup", shape=sh.to_dict(), seed=SEED)
+    if tset["hash"] != lset["hash"]:
+        print(f"\n{sh.id}: the two workers built different initial weights; aborting")
+        raise SystemExit(2)
+    if lset["paths"]["step"]["path"] != "lstmgrad ops":
+        print(
+            f"\n{sh.id}: lstmgrad.nn.LSTM did not run lstmgrad's ops (LSTM ops seen: "
+            f"{lset['paths']['step']['ops']}); aborting"
+        )
+        raise SystemExit(2)
+    workers = {"torch": tw, "lstmgrad": lw}
+    plan = [("torch", "step"), ("lstmgrad", "step")]
+    if sh.varlen:
+        plan.append(("torch", "padded"))
+
+    def batch(side: str, item: str, n: int) -> dict:
+        w = workers[side]
+        with CpuWatch(w.proc.pid) as watch:
+            steps = w.call("time", item=item, n=n)
+        time.sleep(cfg.pause_s)  # let the idle side's spinning OpenMP threads go to sleep
+        return {
+            "s": steps,
+            "wall": round(watch.wall, 6),
+            "other_cores": round(watch.cores, 3),
+            "noisy": watch.noisy(cfg.noise_cores),
+        }
+
+    def calibrate(side: str, item: str) -> tuple[int, list]:
+        """Steps giving about target_s per batch (at least min_reps), from growing batches;
+        the step time is the median of every calibration step, so that one step slowed by
+        another process cannot shrink the batches to a single step."""
+        n, seen = cfg.min_reps, []
+        while True:
+            b = batch(side, item, n)
+            seen.append(b)
+            if b["wall"] >= cfg.target_s / 4 or n >= cfg.max_reps:
+                break
+            per = max(b["wall"] / n, 1e-7)
+            n = min(cfg.max_reps, 16 * n, max(n + 1, math.ceil(cfg.target_s / 4 / per)))
+        per = max(med([t for b in seen for t in b["s"]]), 1e-7)
+        return max(cfg.min_reps, min(cfg.max_reps, round(cfg.target_s / per))), seen
+
+    # warm-up first: Numba compile or cache load, oneDNN primitive creation, allocator growth
+    warm: dict[str, list] = {}
+    reps: dict[str, int] = {}
+    for side, item in plan:
+        warm[f"{side}:{item}"] = [batch(side, item, cfg.warmup_steps)]
+    for side, item in plan:
+        reps[f"{side}:{item}"], seen = calibrate(side, item)
+        warm[f"{side}:{item}"] += seen
+
+    rounds: list[dict] = []
+    discarded: list[dict] = []
+    for r in range(cfg.rounds):
+        seq = plan if r % 2 == 0 else plan[::-1]
+        for attempt in range(cfg.max_retries + 1):
+            got = {f"{s}:{i}": batch(s, i, reps[f"{s}:{i}"]) for s, i in seq}
+            noisy = any(b["noisy"] for b in got.values())
+            in_share = time.perf_counter() - t_start < share_s
+            if not noisy or attempt == cfg.max_retries or not in_share:
+                break
+            discarded.append({"round": r, **got})
+        rounds.append(got)
+
+    prof = {f"{s}:{i}": workers[s].call("profile", item=i, steps=3) for s, i in plan}
+
+    def ms(key: str) -> list[float]:
+        return [1e3 * med(rd[key]["s"]) for rd in rounds]
+
+    t_ms, l_ms = ms("torch:step"), ms("lstmgrad:step")
+    ratios = [a / b for a, b in zip(t_ms, l_ms, strict=True)]
+    summary: dict[str, Any] = {
+        "torch_path": tset["paths"]["step"]["path"],
+        "torch_ms": med(t_ms),
+        "lstmgrad_ms": med(l_ms),
+        "speedup": med(ratios),
+        "speedup_min": min(ratios),
+        "speedup_max": max(ratios),
+        "torch_ms_round": t_ms,
+        "lstmgrad_ms_round": l_ms,
+        "ratio_round": ratios,
+        "rounds": len(rounds),
+        "noisy_rounds": sum(any(b["noisy"] for b in rd.values()) for rd in rounds),
+        "redone_rounds": len(discarded),
+        # the shape's first step in a warm worker (the gate already compiled the kernels)
+        "first_step_ms": {k: 1e3 * v[0]["s"][0] for k, v in warm.items()},
+    }
+    if sh.varlen:
+        p_ms = ms("torch:padded")
+        pr = [a / b for a, b in zip(p_ms, l_ms, strict=True)]
+        summary.update(
+            padded_path=tset["paths"]["padded"]["path"],
+            padded_ms=med(p_ms),
+            padded_speedup=med(pr),
+            padded_speedup_min=min(pr),
+            padded_speedup_max=max(pr),
+            padded_ms_round=p_ms,
+            padded_ratio_round=pr,
+        )
+    target = TARGET_VARLEN if sh.varlen else TARGET_DENSE
+    summary.update(target=target, meets_target=summary["speedup"] >= target)
+    return {
+        "shape": sh.to_dict(),
+        "label": sh.label(),
+        "lengths": sh.lengths().tolist() if sh.varlen else None,
+        "paths": {"torch": tset["paths"], "lstmgrad": lset["paths"]},
+        "weights_hash": tset["hash"],
+        "warmup": warm,
+        "reps": reps,
+        "rounds": rounds,
+        "discarded": discarded,
+        "profile": prof,
+        "summary": summary,
+        "elapsed_s": time.perf_counter() - t_start,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# reporting
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
+
+
+def _ms(v: float) -> str:
+    return f"{v:.3f}" if v < 1 else f"{v:.2f}" if v < 100 else f"{v:.1f}"
+
+
+def _x(v: float, lo: float, hi: float) -> str:
+    return f"{v:.2f}x [{lo:.2f}-{hi:.2f}]"
+
+
+def table(results: list[dict]) -> str:
+    """The markdown table of the run."""
+    head = [
+        "shape",
+        "T B I H L D",
+        "torch path",
+        "torch ms",
+        "lstmgrad ms",
+        "speedup [min-max]",
+        "target",
+        "torch padded ms",
+        "speedup vs padded",
+        "noisy",
+    ]
+    rows = []
+    for res in results:
+        sh, s = res["shape"], res["summary"]
+        met = "met" if s["meets_target"] else "MISSED"
+        rows.append(
+            [
+                sh["id"],
+                " ".join(str(sh[k]) for k in ("T", "B", "I", "H", "L", "D")),
+                s["torch_path"],
+                _ms(s["torch_ms"]),
+                _ms(s["lstmgrad_ms"]),
+                _x(s["speedup"], s["speedup_min"], s["speedup_max"]),
+                f">= {s['target']:g}x {met}",
+                _ms(s["padded_ms"]) if "padded_ms" in s else "-",
+                _x(s["padded_speedup"], s["padded_speedup_min"], s["padded_speedup_max"])
+                if "padded_speedup" in s
+                else "-",
+                f"{s['noisy_rounds']}/{s['rounds']}",
+            ]
+        )
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def geomeans(results: list[dict]) -> dict:
+    dense = [r["summary"]["speedup"] for r in results if not r["shape"]["lengths_range"]]
+    var = [r["summary"] for r in results if r["shape"]["lengths_range"]]
+    return {
+        "dense": geomean(dense),
+        "dense_n": len(dense),
+        "varlen_vs_packed": geomean([s["speedup"] for s in var]),
+        "varlen_vs_padded": geomean([s["padded_speedup"] for s in var]),
+        "varlen_n": len(var),
+    }
+
+
+def summary_lines(results: list[dict], gm: dict) -> list[str]:
+    out = []
+    if gm["dense_n"]:
+        out.append(
+            f"geomean speedup, dense shapes ({gm['dense_n']}): {gm['dense']:.2f}x "
+            f"(target >= {TARGET_DENSE:g}x per shape)"
+        )
+    if gm["varlen_n"]:
+        out.append(
+            f"geomean speedup, variable-length shapes ({gm['varlen_n']}): "
+            f"{gm['varlen_vs_packed']:.2f}x vs torch packed, {gm['varlen_vs_padded']:.2f}x vs "
+            f"torch padded (target >= {TARGET_VARLEN:g}x per shape, vs packed)"
+        )
+    met = [r["shape"]["id"] for r in results if r["summary"]["meets_target"]]
+    missed = [r["shape"]["id"] for r in results if not r["summary"]["meets_target"]]
+    out.append(f"targets met ({len(met)}): {', '.join(met) or 'none'}")
+    out.append(f"targets MISSED ({len(missed)}): {', '.join(missed) or 'none'}")
+    noisy = [r["shape"]["id"] for r in results if r["summary"]["noisy_rounds"]]
+    if noisy:
+        out.append(
+            "other processes used the CPU during some kept rounds of: "
+            f"{', '.join(noisy)} (see the noisy column; rerun on a quiet machine to confirm)"
+        )
+    return out
+
+
+def profile_lines(results: list[dict]) -> list[str]:
+    """Per shape and side: the share of the LSTM's own forward and backward ops in one step and
+    the two ops with the most self time (autograd profiler, 3 steps after the timings)."""
+    out = [
+        "Profile (autograd profiler, 3 steps after the timings; its overhead inflates the "
+        "times, so read the shares): LSTM fwd/bwd = the LSTM's ops, inclusive; top = self time"
+    ]
+    for res in results:
+        for key, p in res["profile"].items():
+            tot = max(p["self_ms_total"], 1e-9)
+            lstm = "LSTM fwd/bwd not separable (packed path: per-step ops)"
+            if p["lstm_fwd_ms"] or p["lstm_bwd_ms"]:
+                lstm = (
+                    f"LSTM fwd {100 * p['lstm_fwd_ms'] / tot:3.0f}% bwd "
+                    f"{100 * p['lstm_bwd_ms'] / tot:3.0f}%"
+                )
+            top = ", ".join(
+                f"{t['op']} {100 * t['self_ms'] / tot:.0f}% ({t['calls']:g} calls)"
+                for t in p["top"][:2]
+            )
+            out.append(
+                f"  {res['shape']['id']:9s} {key:15s} {tot:8.1f} ms/step profiled; {lstm}; "
+                f"top {top}"
+            )
+    return out
+
+
+def plot(results: list[dict], path: Path, title: str) -> None:
+    """Bar chart of the speedups (min-max over rounds as error bars, log scale), a line at 1.0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    labels = [r["shape"]["id"] for r in results]
+    x = np.arange(len(labels), dtype=float)
+    main = [r["summary"] for r in results]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(labels) + 2), 4.8))
+    w = 0.38
+    has_pad = [i for i, s in enumerate(main) if "padded_speedup" in s]
+    # varlen shapes get two bars side by side: vs torch packed, vs torch padded
+    bars = [(x[i] - (w / 2 if i in has_pad else 0.0), s, "") for i, s in enumerate(main)]
+    bars += [(x[i] + w / 2, main[i], "padded_") for i in has_pad]
+    for xi, s, pre in bars:
+        v = s[f"{pre}speedup"]
+        lo, hi = s[f"{pre}speedup_min"], s[f"{pre}speedup_max"]
+        color = "tab:gray" if pre else ("tab:orange" if "padded_speedup" in s else "tab:blue")
+        ax.bar(xi, v - 1.0, w, bottom=1.0, color=color)  # up: lstmgrad faster; down: slower
+        ax.errorbar(xi, v, yerr=[[v - lo], [hi - v]], fmt="none", ecolor="k", capsize=2, lw=0.8)
+        ax.annotate(f"{v:.2f}", (xi, v), xytext=(0, 3 if v >= 1 else -9),
+                    textcoords="offset points", ha="center", fontsize=7)  # fmt: skip
+    # log scale, limits from the medians: one wild round (a busy machine) must not flatten
+    # the chart; its error bar is clipped at the edge instead
+    meds = [s[f"{pre}speedup"] for _, s, pre in bars]
+    lo, hi = min([*meds, 1.0]) / 2, max([*meds, TARGET_VARLEN]) * 2
+    ax.set_yscale("log")
+    ax.set_ylim(lo, hi)
+    ticks = [t for t in (0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32) if lo <= t <= hi]
+    ax.set_yticks(ticks, [f"{t:g}x" for t in ticks])
+    ax.minorticks_off()
+    ax.axhline(1.0, color="k", lw=1, ls="--")
+    handles = [Patch(color="tab:blue", label="dense: vs torch (oneDNN)")]
+    if has_pad:
+        ax.axhline(TARGET_VARLEN, color="tab:orange", lw=0.8, ls=":")
+        handles += [
+            Patch(color="tab:orange", label="varlen: vs torch packed (target 2x, dotted)"),
+            Patch(color="tab:gray", label="varlen: vs torch on the padded tensor"),
+        ]
+    ax.legend(handles=handles, fontsize=7)
+    ax.set_xticks(x, labels, fontsize=8, rotation=30)
+    ax.set_ylabel("speedup (torch ms / lstmgrad ms per step)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", help="comma-separated shape ids (default: all 12)")
+    ap.add_argument("--rounds", type=int, help="timed rounds (default 5; 2 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 2 rounds, short batches")
+    ap.add_argument(
+        "--json", type=Path, help="results (default benchmarks/results/train-<date>-<time>.json)"
+    )
+    ap.add_argument("--png", type=Path, help="chart (default benchmarks/results/train_speedup.png)")
+    ap.add_argument(
+        "--target-s", type=float, help="seconds of steps per batch (default 0.5; 0.1 quick)"
+    )
+    ap.add_argument("--pause-s", type=float, default=0.2, help="pause after each batch (0.2)")
+    ap.add_argument(
+        "--noise-cores",
+        type=float,
+        default=0.25,
+        help="redo a round when other processes used more than this many cores (0.25)",
+    )
+    ap.add_argument("--max-retries", type=int, default=2, help="redos per round (default 2)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=600.0,
+        help="seconds for the timings of all shapes; redos stop once a shape used its share",
+    )
+    ap.add_argument(
+        "--threads", type=int, help="torch.set_num_threads in both workers (default: torch's)"
+    )
+    args = ap.parse_args(argv)
+
+    shapes = select(args.shapes)
+    cfg = Config(
+        rounds=args.rounds or (2 if args.quick else 5),
+        target_s=args.target_s or (0.1 if args.quick else 0.5),
+        warmup_steps=1 if args.quick else 3,
+        min_reps=1 if args.quick else 3,
+        max_reps=3 if args.quick else 10_000,
+        pause_s=args.pause_s,
+        noise_cores=args.noise_cores,
+        max_retries=0 if args.quick else args.max_retries,
+        budget_s=args.budget_s,
+    )
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    resdir = HERE / "results"
+    json_path = args.json or resdir / f"train-{stamp}.json"
+    png_path = args.png or resdir / "train_speedup.png"
+    logdir = resdir / "logs" / f"train-{stamp}"
+    logdir.mkdir(parents=True, exist_ok=True)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+
+    t0 = time.perf_counter()
+    tw = TrainWorker("torch", logdir / "torch.log", args.threads)
+    lw = TrainWorker("lstmgrad", logdir / "lstmgrad.log", args.threads)
+    results: list[dict] = []
+    try:
+        tinfo, linfo = tw.call("info"), lw.call("info")
+        if tinfo["lstmgrad_imported"]:
+            raise SystemExit("the torch worker imported lstmgrad; aborting")
+        meta = machine(tinfo, linfo)
+        for line in machine_lines(meta):
+            print(line, flush=True)
+        gate_res, lines = gate(tw, lw)
+        for line in lines:
+            print(line, flush=True)
+        if gate_res["failures"]:
+            print("\nCORRECTNESS GATE FAILED: no timings are reported for a wrong result.")
+            for f in gate_res["failures"]:
+                print("  " + f)
+            return 2
+        doc: dict[str, Any] = {
+            "meta": meta,
+            "config": vars(cfg)
+            | {
+                "shapes": [s.id for s in shapes],
+                "quick": args.quick,
+                "seed": SEED,
+                "threads": args.threads,
+            },
+            "gate": gate_res,
+            "results": results,
+        }
+        print(
+            f"timing   {len(shapes)} shapes, {cfg.rounds} rounds, ~{cfg.target_s:g} s per batch, "
+            f"pause {cfg.pause_s:g} s",
+            flush=True,
+        )
+        t_timing = time.perf_counter()
+        for k, sh in enumerate(shapes):
+            left = max(0.0, cfg.budget_s - (time.perf_counter() - t_timing))
+            res = measure_shape(sh, tw, lw, cfg, left / (len(shapes) - k))
+            results.append(res)
+            s = res["summary"]
+            extra = f", vs padded {s['padded_speedup']:.2f}x" if sh.varlen else ""
+            print(
+                f"  {sh.id:9s} {sh.label():36s} torch {_ms(s['torch_ms'])} ms, lstmgrad "
+                f"{_ms(s['lstmgrad_ms'])} ms: {s['speedup']:.2f}x{extra} ({res['elapsed_s']:.0f} "
+                f"s, {s['redone_rounds']} rounds redone, {s['noisy_rounds']} kept noisy)",
+                flush=True,
+            )
+            json_path.write_text(json.dumps(doc, indent=1))
+        meta["loadavg_end"] = os.getloadavg()
+        meta["total_s"] = time.perf_counter() - t0
+        gm = geomeans(results)
+        doc["geomeans"] = gm
+        json_path.write_text(json.dumps(doc, indent=1))
+    except WorkerError as exc:
+        print(f"\nworker failure: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        tw.close()
+        lw.close()
+
+    print()
+    print(
+        "Training step (float32; ms per step = median over rounds of each batch's median step; "
+        "speedup = median of per-round torch ms / lstmgrad ms)"
+    )
+    print(table(results))
+    print()
+    for line in summary_lines(results, gm):
+        print(line)
+    print()
+    for line in profile_lines(results):
+        print(line)
+    print()
+    title = (
+        f"training step: lstmgrad.nn.LSTM {linfo['lstmgrad']} vs torch.nn.LSTM {tinfo['torch']}\n"
+        f"{meta['cpu']}, {meta['affinity']} cores, {meta['date'][:10]}"
+    )
+    plot(results, png_path, title)
+    print(f"json {json_path}\npng  {png_path}\nlogs {logdir}\ntotal {meta['total_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
