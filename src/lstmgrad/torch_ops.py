@@ -234,10 +234,15 @@ def _forward_setup(ctx: Any, inputs: Any, output: Any) -> None:
     ctx.flags = dict(zip(_FLAGS, flags, strict=True))
     ctx.n_params = len(params)
     ctx.mark_non_differentiable(output[3])
+    # unused outputs arrive as None instead of zero tensors (``saved`` alone is the size of
+    # every activation); the backward op takes None as zero
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(input, h0, c0, output[3], batch_sizes, dropout_masks, *params)
 
 
-def _forward_backward(ctx: Any, dy: Tensor, dh: Tensor, dc: Tensor, _saved: Any) -> Any:
+def _forward_backward(
+    ctx: Any, dy: Tensor | None, dh: Tensor | None, dc: Tensor | None, _saved: Any
+) -> Any:
     input, h0, c0, saved, batch_sizes, dropout_masks, *params = ctx.saved_tensors
     flags = ctx.flags
     if not flags["train"]:

@@ -8,6 +8,7 @@ same code. ``block`` allocates a call's results in one recycled block.
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from collections.abc import Sequence
@@ -38,9 +39,7 @@ def _aligned(n: int) -> int:
 
 def workspace_bytes(slots: Sequence[Slot]) -> int:
     """Bytes needed for ``slots`` carved in order, each aligned to 64 bytes (plus alignment slack)."""
-    total = sum(
-        _aligned(int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize) for shape, dt in slots
-    )
+    total = sum(_aligned(math.prod(shape) * np.dtype(dt).itemsize) for shape, dt in slots)
     return total + ALIGN if total else 0
 
 
@@ -92,7 +91,7 @@ def release_memory() -> None:
 def block(shapes: Sequence[tuple[int, ...]], dtype: np.dtype) -> list[np.ndarray]:
     """New C-contiguous arrays of ``shapes`` that share one allocation (see Arena.take_all)."""
     dtype = np.dtype(dtype)
-    sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+    sizes = [math.prod(s) for s in shapes]
     flat = _result_memory(max(sum(sizes), 1) * dtype.itemsize, dtype)
     out, start = [], 0
     for shape, size in zip(shapes, sizes, strict=True):
@@ -114,7 +113,7 @@ class Arena:
     def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """An uninitialised array of ``shape`` and ``dtype``."""
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes == 0:
             return np.empty(shape, dtype=dtype)
         assert self._buffer is not None  # take_all sets it
