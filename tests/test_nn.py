@@ -221,3 +221,24 @@ def test_compile_inductor_matches_eager():
     r0, r1 = run(ref, x, None), run(compiled, x, None)
     for a, b in [(r1[0], r0[0]), (r1[1], r0[1]), *zip(r1[3], r0[3], strict=True)]:
         assert rel(a, b) <= 2e-5
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed-unsorted"])
+def test_matches_torch_float32_at_onednn_sizes(packed):
+    """Sizes where the GEMMs run on oneDNN (plain and with the packed recurrent weight)."""
+    torch.manual_seed(1)
+    ref = torch.nn.LSTM(64, 128, num_layers=2, bidirectional=True)
+    ours = LSTM(64, 128, num_layers=2, bidirectional=True)
+    ours.load_state_dict(ref.state_dict())
+    g = torch.Generator().manual_seed(2)
+    if packed:
+        seqs = [torch.randn(n, 64, generator=g) for n in (5, 9, 3, 9, 7) * 4]
+        x = pack_sequence(seqs, enforce_sorted=False)
+        x = PackedSequence(x.data.requires_grad_(), x.batch_sizes, x.sorted_indices,
+                           x.unsorted_indices)  # fmt: skip
+    else:
+        x = torch.randn(9, 20, 64, generator=g, requires_grad=True)
+    r0, r1 = run(ref, x, None), run(ours, x, None)
+    y0, y1 = (r.data if packed else r for r in (r0[0], r1[0]))
+    for a, b in [(y1, y0), (r1[1], r0[1]), (r1[2], r0[2]), *zip(r1[3], r0[3], strict=True)]:
+        assert rel(a, b) <= 2e-5

@@ -46,15 +46,23 @@ def assert_close(got, want, rtol):
     assert err <= rtol, err
 
 
+SIZES = {
+    "small": dict(t=4, b=3, i=5, h=6),
+    # large enough for every oneDNN path of TorchGemm (plain and packed recurrent weight)
+    "onednn": dict(t=4, b=16, i=64, h=128),
+}
+
+
+@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize(
     "dtype,rtol", [(np.float64, 1e-12), (np.float32, 1e-5)], ids=["f64", "f32"]
 )
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-def test_tensors_give_the_numpy_results(dtype, rtol, varlen):
-    x, hx, params, dy, kw = make(dtype)
+def test_tensors_give_the_numpy_results(dtype, rtol, varlen, size):
+    x, hx, params, dy, kw = make(dtype, **SIZES[size])
     bs = None
     if varlen:
-        bs = np.array([3, 3, 2, 1], dtype=np.int64)
+        bs = np.array([3, 3, 2, 1] if size == "small" else [16, 13, 9, 2], dtype=np.int64)
         x, dy = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
     fw_np = lstmgrad.lstm_forward(x, params, hx, bs, **kw)
     fw_t = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), tensors(bs), **kw)
@@ -106,22 +114,37 @@ def test_zero_copy_in_and_out():
 
 
 def test_gemms_run_on_torch(monkeypatch):
-    """With tensor arguments every GEMM of the fused engine goes through torch's matmul (never
-    NumPy's BLAS); with arrays, none does."""
+    """With tensor arguments every GEMM of the fused engine goes through torch (never NumPy's
+    BLAS); with arrays, none does."""
     import lstmgrad.api
-    from lstmgrad.tensors import torch_matmul
+    from lstmgrad.tensors import TorchGemm
 
     calls = []
-    real = torch_matmul()
 
-    def counting(a, b, /, *, out):
-        calls.append(a.shape)
-        real(a, b, out=out)
+    class Counting(TorchGemm):
+        def __call__(self, a, b, /, *, out):
+            calls.append("gemm")
+            super().__call__(a, b, out=out)
 
-    monkeypatch.setattr(lstmgrad.api, "torch_matmul", lambda: counting)
+        def fixed(self, b, rows):
+            product = super().fixed(b, rows)
+
+            def counted(a, out):
+                calls.append("fixed")
+                product(a, out)
+
+            return counted
+
+    monkeypatch.setattr(lstmgrad.api, "torch_gemm", Counting)
     x, hx, params, dy, kw = make(np.float32, num_layers=1, bidirectional=False)
-    lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), **kw)
-    assert len(calls) == 1 + x.shape[0]  # the input projection, then one per step
+    fw = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), **kw)
+    # the input projection, then one recurrent product per step
+    assert calls == ["gemm"] + ["fixed"] * x.shape[0]
+    calls.clear()
+    lstmgrad.lstm_backward(tensors(x), tensors(hx), tensors(params), tensors(dy), None, None,
+                           *fw.saved[:7], **kw)  # fmt: skip
+    # one recurrent product per step but the last (dh_prev needs it too), then dx and dW
+    assert calls == ["fixed"] * x.shape[0] + ["gemm"] * 2
     calls.clear()
     lstmgrad.lstm_forward(x, params, hx, **kw)
     assert calls == []
@@ -184,3 +207,16 @@ def test_aclnn_mirror_writes_into_tensors():
         False, out, hy, cy, *lists,
     )  # fmt: skip
     assert bad[0] == aclnn.ACLNN_ERR_PARAM_INVALID and "bfloat16" in aclnn.aclGetRecentErrMsg()
+
+
+def test_onednn_paths_are_taken_for_the_large_size():
+    from lstmgrad.tensors import _ONEDNN_MIN_MNK, _PACKED_MIN_MNK, TorchGemm
+
+    gemm = TorchGemm()
+    if not gemm._onednn:
+        pytest.skip("this torch build has no oneDNN linear")
+    t, b, i, h = SIZES["onednn"].values()
+    assert t * b * i * 4 * h >= _ONEDNN_MIN_MNK and b * h * 4 * h >= _PACKED_MIN_MNK
+    a = np.ones((t * b, i), np.float32)
+    w = np.ones((i, 4 * h), np.float32)
+    assert gemm._use_onednn(a, w, t * b, _ONEDNN_MIN_MNK)

@@ -46,7 +46,7 @@ from .errors import (
     LstmInvalidArgumentError,
     LstmNullArgumentError,
 )
-from .tensors import any_tensor, tensor_to_numpy, to_numpy, torch_matmul
+from .tensors import any_tensor, tensor_to_numpy, to_numpy, torch_gemm
 from .workspace import Arena, workspace_bytes
 
 __all__ = [
@@ -144,8 +144,8 @@ def aclnnLstmBackwardGetWorkspaceSize(
             "batchSizesOptional": batchSizesOptional, "dxOut": dxOut, "dhPrevOut": dhPrevOut,
             "dcPrevOut": dcPrevOut, "dparamsOut": dparamsOut,
         }  # fmt: skip
-        matmul = torch_matmul() if any_tensor(*args.values()) else None
-        if matmul is not None:
+        gemm = torch_gemm() if any_tensor(*args.values()) else None
+        if gemm is not None:
             (input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, batchSizesOptional, dxOut,
              dhPrevOut, dcPrevOut, dparamsOut) = (to_numpy(fn, n, v) for n, v in args.items())  # fmt: skip
         check_bool(fn, "train", train)
@@ -175,7 +175,7 @@ def aclnnLstmBackwardGetWorkspaceSize(
         size = workspace_bytes(ENGINES[DEFAULT_IMPL].backward_workspace_slots(dims, dtype))
 
         def run(arena: Arena, call: BackwardCall = call) -> None:
-            dx, dh_prev, dc_prev, dparams = run_backward(call, arena, matmul=matmul)
+            dx, dh_prev, dc_prev, dparams = run_backward(call, arena, gemm=gemm)
             for out, res in ((dx_out, dx), (dh_out, dh_prev), (dc_out, dc_prev)):
                 if out is not None and res is not None:
                     np.copyto(out, res)
@@ -223,8 +223,8 @@ def aclnnLSTMGetWorkspaceSize(
             "output": output, "hy": hy, "cy": cy, "iOut": iOut, "jOut": jOut, "fOut": fOut,
             "oOut": oOut, "hOut": hOut, "cOut": cOut, "tanhCOut": tanhCOut,
         }  # fmt: skip
-        matmul = torch_matmul() if any_tensor(*args.values()) else None
-        if matmul is not None:
+        gemm = torch_gemm() if any_tensor(*args.values()) else None
+        if gemm is not None:
             (input, params, hx, batchSizes, output, hy, cy, iOut, jOut, fOut, oOut, hOut, cOut,
              tanhCOut) = (to_numpy(fn, n, v) for n, v in args.items())  # fmt: skip
         call = check_forward(
@@ -263,7 +263,7 @@ def aclnnLSTMGetWorkspaceSize(
         size = workspace_bytes(ENGINES[DEFAULT_IMPL].forward_workspace_slots(dims, dtype))
 
         def run(arena: Arena, call: ForwardCall = call) -> None:
-            res = run_forward(call, arena, matmul=matmul)
+            res = run_forward(call, arena, gemm=gemm)
             np.copyto(y_out, res.output)
             np.copyto(hy_out, res.hy)
             np.copyto(cy_out, res.cy)

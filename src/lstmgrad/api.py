@@ -21,27 +21,28 @@ from .contract import (
 )
 from .dropout import make_dropout_masks
 from .errors import LstmError, LstmInternalError
-from .tensors import Matmul, any_tensor, to_numpy, to_tensors, torch_matmul
+from .gemm import Gemm
+from .tensors import any_tensor, to_numpy, to_tensors, torch_gemm
 from .workspace import Arena
 
 ENGINES: dict[str, ModuleType] = {"fused": fused, "reference": reference}  # contract.IMPLS
 
 
-def _gemm(impl: str, matmul: Matmul | None) -> dict[str, Matmul]:
-    """The fused engine takes the GEMM to use; the reference always computes with NumPy."""
-    return {"matmul": matmul} if matmul is not None and impl == "fused" else {}
+def _gemm(impl: str, gemm: Gemm | None) -> dict[str, Gemm]:
+    """The fused engine takes the GEMMs to use; the reference always computes with NumPy."""
+    return {"gemm": gemm} if gemm is not None and impl == "fused" else {}
 
 
 def run_backward(
     call: BackwardCall,
     arena: Arena | None = None,
     impl: str = DEFAULT_IMPL,
-    matmul: Matmul | None = None,
+    gemm: Gemm | None = None,
 ) -> LstmBackwardResult:
     """Run a validated backward call; results in the caller's layout."""
     try:
         dx, dh_prev, dc_prev, dparams = ENGINES[impl].lstm_backward(
-            call, arena, **_gemm(impl, matmul)
+            call, arena, **_gemm(impl, gemm)
         )
     except LstmError:
         raise
@@ -56,14 +57,14 @@ def run_forward(
     call: ForwardCall,
     arena: Arena | None = None,
     impl: str = DEFAULT_IMPL,
-    matmul: Matmul | None = None,
+    gemm: Gemm | None = None,
 ) -> LstmForwardResult:
     """Run a validated forward call (drawing its dropout masks unless given); output in the
     caller's layout."""
     if call.dropout > 0 and call.dropout_masks is None:
         call.dropout_masks = make_dropout_masks(call.dims, call.dropout, call.seed, call.dtype)
     try:
-        y, hy, cy, saved = ENGINES[impl].lstm_forward(call, arena, **_gemm(impl, matmul))
+        y, hy, cy, saved = ENGINES[impl].lstm_forward(call, arena, **_gemm(impl, gemm))
     except LstmError:
         raise
     except Exception as exc:
@@ -169,7 +170,7 @@ def lstm_backward(
     )  # fmt: skip
     if not torch_io:
         return run_backward(call, None, impl)
-    return to_tensors(run_backward(call, None, impl, torch_matmul()))
+    return to_tensors(run_backward(call, None, impl, torch_gemm()))
 
 
 def lstm_forward(
@@ -241,4 +242,4 @@ def lstm_forward(
     )  # fmt: skip
     if not torch_io:
         return run_forward(call, None, impl)
-    return to_tensors(run_forward(call, None, impl, torch_matmul()))
+    return to_tensors(run_forward(call, None, impl, torch_gemm()))

@@ -11,17 +11,12 @@ come back as tensors over the engine's result memory (zero copy again).
 from __future__ import annotations
 
 import sys
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from .errors import LstmInvalidArgumentError
-
-
-class Matmul(Protocol):
-    """``matmul(a, b, out=c)``: c = a @ b for 2-D arrays, written in place (like np.matmul)."""
-
-    def __call__(self, a: np.ndarray, b: np.ndarray, /, *, out: np.ndarray) -> Any: ...
+from .gemm import FixedGemm
 
 
 def _torch() -> Any:
@@ -94,51 +89,83 @@ def to_tensors(value: Any) -> Any:
     return value
 
 
-def _mm(a: np.ndarray, b: np.ndarray, /, *, out: np.ndarray) -> None:
-    torch = _torch()
-    torch.mm(torch.from_numpy(a), torch.from_numpy(b), out=torch.from_numpy(out))
-
-
 def _dense(a: np.ndarray) -> bool:
     # oneDNN runs a reference kernel, orders of magnitude slower, on an operand whose rows are
     # not packed (a row stride wider than the row)
     return bool(a.flags.c_contiguous or a.flags.f_contiguous)
 
 
-# oneDNN's call costs ~11 us more than torch.mm's (its primitive lookup): measured here, it wins
-# from about 2 * 2^21 FLOPs (the [32, 128] x [128, 512] recurrent product) and is 1.6-2x faster
-# from [32, 256] x [256, 1024] on
+# Thresholds on m*n*k, measured here (2 threads): oneDNN's call costs ~11 us more than
+# torch.mm's (its primitive lookup). Plain, it wins from about 2^21 (the [32, 128] x [128, 512]
+# recurrent product) and is 1.6-2x faster from [32, 256] x [256, 1024] on; with b packed once
+# for many calls (the recurrent product of every step) it wins from about 0.75 * 2^20 and is
+# another 17-37% faster ([32, 256] x [256, 1024]: 61 -> 51 us; [16, 1024] x [1024, 4096]:
+# 532 -> 336 us).
 _ONEDNN_MIN_MNK = 1 << 21
+_PACKED_MIN_MNK = 3 << 18
 
 
-def _onednn_mm(a: np.ndarray, b: np.ndarray, /, *, out: np.ndarray) -> None:
-    torch = _torch()
-    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-    m, k = a.shape
-    if (
-        ta.dtype != torch.float32
-        or m * k * b.shape[1] < _ONEDNN_MIN_MNK
-        or not (_dense(a) and _dense(b))
-    ):
-        torch.mm(ta, tb, out=torch.from_numpy(out))
-        return
-    # a @ b = linear(a, weight=b^T), run by oneDNN (the library of torch's own LSTM)
-    torch.from_numpy(out).copy_(
-        torch.ops.mkldnn._linear_pointwise(ta, tb.t(), None, "none", [], "")
-    )
+class TorchGemm:
+    """GEMMs computed by torch on NumPy views of tensor memory (see :class:`lstmgrad.gemm.Gemm`).
 
-
-def torch_matmul() -> Matmul:
-    """``matmul(a, b, out=c)`` on NumPy arrays, computed by torch in place into ``c``.
-
-    float32 GEMMs go to oneDNN (``torch.ops.mkldnn._linear_pointwise``, the kernel torch's own
-    fused ops use) where this torch build has it: torch.mm's BLAS (MKL in the PyPI wheels)
-    measured 1.7-2.3x slower here on the LSTM's shapes (AMD EPYC; the recurrent [32, 256] x
-    [256, 1024] product: 172 us vs 99 us). Other dtypes, or a build without oneDNN, use
-    torch.mm.
+    float32 products large enough go to oneDNN (``torch.ops.mkldnn._linear_pointwise``, the
+    kernel torch's own fused ops use; the fixed recurrent weight packed once with
+    ``torch.ops.mkldnn._reorder_linear_weight``) where this torch build has it: torch.mm's BLAS
+    (MKL in the PyPI wheels) measured 1.7-2.3x slower here on the LSTM's shapes (AMD EPYC).
+    Everything else uses torch.mm.
     """
-    torch = _torch()
-    mkldnn = getattr(torch.ops, "mkldnn", None)
-    if torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_linear_pointwise"):
-        return _onednn_mm
-    return _mm
+
+    transposed_forward = False  # measured: the packed recurrent weight beats W_hh h^T here
+
+    def __init__(self) -> None:
+        torch = _torch()
+        self._torch = torch
+        mkldnn = getattr(torch.ops, "mkldnn", None)
+        self._onednn = bool(
+            torch.backends.mkldnn.is_available()
+            and hasattr(mkldnn, "_linear_pointwise")
+            and hasattr(mkldnn, "_reorder_linear_weight")
+        )
+
+    def _use_onednn(self, a: np.ndarray, b: np.ndarray, rows: int, minimum: int) -> bool:
+        return (
+            self._onednn
+            and a.dtype == np.float32
+            and rows * b.shape[0] * b.shape[1] >= minimum
+            and _dense(a)
+            and _dense(b)
+        )
+
+    def __call__(self, a: np.ndarray, b: np.ndarray, /, *, out: np.ndarray) -> None:
+        torch = self._torch
+        ta, tb, tout = torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(out)
+        if self._use_onednn(a, b, a.shape[0], _ONEDNN_MIN_MNK):
+            # a @ b = linear(a, weight=b^T)
+            tout.copy_(torch.ops.mkldnn._linear_pointwise(ta, tb.t(), None, "none", [], ""))
+        else:
+            torch.mm(ta, tb, out=tout)
+
+    def fixed(self, b: np.ndarray, rows: int) -> FixedGemm:
+        torch = self._torch
+        tb = torch.from_numpy(b)
+        if not self._use_onednn(b, b, rows, _PACKED_MIN_MNK):
+
+            def plain(a: np.ndarray, out: np.ndarray) -> None:
+                torch.mm(torch.from_numpy(a), tb, out=torch.from_numpy(out))
+
+            return plain
+        linear = torch.ops.mkldnn._linear_pointwise
+        packed = torch.ops.mkldnn._reorder_linear_weight(tb.t(), rows)
+
+        def onednn(a: np.ndarray, out: np.ndarray) -> None:
+            ta = torch.from_numpy(a)
+            if not _dense(a):  # a reference kernel otherwise (see _dense)
+                ta = ta.contiguous()
+            torch.from_numpy(out).copy_(linear(ta, packed, None, "none", [], ""))
+
+        return onednn
+
+
+def torch_gemm() -> TorchGemm:
+    """The GEMMs for a call with torch tensors (torch must be loaded)."""
+    return TorchGemm()

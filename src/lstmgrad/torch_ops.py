@@ -35,7 +35,7 @@ from torch import Tensor
 from .api import run_backward, run_forward
 from .contract import check_backward, check_forward
 from .errors import LstmInvalidArgumentError
-from .tensors import to_numpy, torch_matmul
+from .tensors import to_numpy, torch_gemm
 
 __all__ = ["lstm", "lstm_forward", "lstm_backward"]
 
@@ -89,7 +89,7 @@ def lstm_forward(
         has_bias, num_layers, dropout, train, bidirectional, batch_first, None,
         masks if dropout > 0 and train else None,
     )  # fmt: skip
-    res = run_forward(call, None, "fused", torch_matmul())
+    res = run_forward(call, None, "fused", torch_gemm())
     if res.saved is None:
         saved = torch.empty(0, dtype=input.dtype)
     else:
@@ -186,7 +186,7 @@ def lstm_backward(
         has_bias, num_layers, dropout, train, bidirectional, batch_first, list(output_mask),
         to_numpy(fn, "dropout_masks", _unstack(dropout_masks)),
     )  # fmt: skip
-    dx, dh_prev, dc_prev, dparams = run_backward(call, None, "fused", torch_matmul())
+    dx, dh_prev, dc_prev, dparams = run_backward(call, None, "fused", torch_gemm())
 
     def out(a: np.ndarray | None) -> Tensor:
         return torch.empty(0, dtype=input.dtype) if a is None else torch.from_numpy(a)

@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..contract import BackwardCall, ForwardCall, LstmSaved
+from ..gemm import NUMPY_GEMM, Gemm
 from ..layout import B_HH, B_IH, W_HH, W_IH, Dims
-from ..tensors import Matmul
 from ..workspace import Arena, Slot, block
 from . import kernels
 
@@ -130,11 +130,11 @@ def _bias(call: ForwardCall, layer: int, d: int, cd: np.dtype) -> np.ndarray:
 
 
 def lstm_forward(
-    call: ForwardCall, arena: Arena | None = None, matmul: Matmul = np.matmul
+    call: ForwardCall, arena: Arena | None = None, gemm: Gemm = NUMPY_GEMM
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, LstmSaved | None]:
     """Forward of every (layer, direction); returns time-major output [T, B, D*H], hy, cy, saved.
 
-    ``matmul(a, b, out)`` runs every GEMM (NumPy's by default; torch's for torch callers).
+    ``gemm`` runs every GEMM (NumPy's by default; torch's for torch callers).
     """
     arena = arena or Arena()
     dims, dtype = call.dims, call.dtype
@@ -156,8 +156,9 @@ def lstm_forward(
     # The recurrent GEMM as (h W_hh^T)^T = W_hh h^T plus a tiled transpose: OpenBLAS runs up to
     # 1.9x faster with 4H than with a small batch as M. Measured here: 9-30% less forward time
     # for B <= 64 and H >= 256, slower for B = 128 or H = 128. (The same in the backward,
-    # W_hh^T dG^T, measured within noise, +-5%: not done there.)
-    transposed = batch <= 64 and hidden >= 256
+    # W_hh^T dG^T, measured within noise, +-5%: not done there.) Only where the GEMM library
+    # says it pays (gemm.transposed_forward).
+    transposed = gemm.transposed_forward and batch <= 64 and hidden >= 256
     for layer in range(dims.L):
         width = dims.layer_input_size(layer)
         xp = _dense(xp_buf, n_rows, width)  # [N, I_l]
@@ -175,10 +176,10 @@ def lstm_forward(
             # W_ih would cost more on large H)
             w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd)  # [4H, I_l]
             w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd)  # [4H, H]
-            w_hh_t = None if transposed else _c(w_hh.T, cd)  # [H, 4H]
+            rec = None if transposed else gemm.fixed(w_hh.T, batch)  # h [n, H] -> [n, 4H]
             bias = _bias(call, layer, d, cd)
             gx = gx_buf[:n_rows]
-            matmul(xp, w_ih.T, out=gx)  # [N, 4H]: every step's input projection at once
+            gemm(xp, w_ih.T, out=gx)  # [N, 4H]: every step's input projection at once
             h[...] = 0.0 if call.h0 is None else call.h0[k]
             c[...] = 0.0 if call.c0 is None else call.c0[k]
             if cd == dtype:
@@ -189,11 +190,11 @@ def lstm_forward(
                 y_d = layer_in[..., d * hidden : (d + 1) * hidden]  # free once xp is packed
             for t in st.orders[d]:
                 n, off = st.ns[t], st.offsets[t]
-                if n and w_hh_t is not None:
-                    matmul(h[:n], w_hh_t, out=gh[:n])  # [n, 4H]
+                if n and rec is not None:
+                    rec(h[:n], gh[:n])  # [n, 4H]
                 elif n:
                     gh_t = gh_t_buf[: 4 * hidden * n].reshape(4 * hidden, n)
-                    matmul(w_hh, h[:n].T, out=gh_t)  # [4H, n]
+                    gemm(w_hh, h[:n].T, out=gh_t)  # [4H, n]
                     kernels.transpose_into(gh, gh_t, n)
                 kernels.forward_step(
                     gx[off : off + n], gh, bias, h, c, n,
@@ -214,11 +215,11 @@ def lstm_forward(
 
 
 def lstm_backward(
-    call: BackwardCall, arena: Arena | None = None, matmul: Matmul = np.matmul
+    call: BackwardCall, arena: Arena | None = None, gemm: Gemm = NUMPY_GEMM
 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None, list[np.ndarray] | None]:
     """Backward of every (layer, direction), top layer first; time-major dx [T, B, I].
 
-    ``matmul`` as in :func:`lstm_forward`.
+    ``gemm`` as in :func:`lstm_forward`.
     """
     need_dx, need_dh, need_dc, need_dw = call.need
     if not any(call.need):
@@ -265,6 +266,7 @@ def lstm_backward(
             k = layer * dims.D + d
             w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd)  # [4H, I_l]
             w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd)  # [4H, H]
+            rec = gemm.fixed(w_hh, batch)  # dG [n, 4H] -> dh [n, H]
             if cd == dtype:
                 s_i, s_g, s_f, s_o, s_h, s_c, s_tc = (_c(s[k], cd) for s in call.saved)
             else:
@@ -289,16 +291,16 @@ def lstm_backward(
                     s_i[t], s_g[t], s_f[t], s_o[t], s_tc[t], cp[off : off + n], dg[off : off + n], n,
                 )  # fmt: skip
                 if step < t_steps - 1 or need_dh:  # the last step's dh only feeds dh_prev
-                    matmul(dg[off : off + n], w_hh, out=dh[:n])
+                    rec(dg[off : off + n], dh[:n])
             if dh_prev is not None:
                 dh_prev[k] = dh
             if dc_prev is not None:
                 dc_prev[k] = dc
             if want_dx:
-                matmul(dg, w_ih, out=_dense(dx_buf[d], n_rows, width))  # [N, I_l]
+                gemm(dg, w_ih, out=_dense(dx_buf[d], n_rows, width))  # [N, I_l]
             if dparams is not None:
                 dw = _dense(dw_buf, dims.G, width + hidden)
-                matmul(dg.T, xh, out=dw)  # [4H, I_l + H]: dW_ih and dW_hh in one GEMM
+                gemm(dg.T, xh, out=dw)  # [4H, I_l + H]: dW_ih and dW_hh in one GEMM
                 dparams[dims.index(layer, d, W_IH)][...] = dw[:, :width]
                 dparams[dims.index(layer, d, W_HH)][...] = dw[:, width:]
                 if dims.has_bias:
