@@ -3,8 +3,9 @@
 The core works on NumPy arrays. When a caller hands it torch tensors, torch is necessarily
 loaded already, so this module takes it from ``sys.modules`` (the core never imports torch and
 runs without it): every tensor argument becomes a NumPy view of the same memory (zero copy, any
-strides), the engine's GEMMs run on torch's BLAS (mixing NumPy's OpenBLAS and torch's BLAS in
-one call measured 35x slower per call here: both runtimes' idle workers spin), and the results
+strides), the engine's GEMMs run on torch's libraries (:class:`TorchGemm`: oneDNN or torch.mm;
+mixing NumPy's OpenBLAS and torch's BLAS in one call measured 35x slower per call here: both
+runtimes' idle workers spin), and the results
 come back as tensors over the engine's result memory (zero copy again).
 """
 

@@ -86,8 +86,7 @@ def lstm_forward(
     call = check_forward(
         fn, to_numpy(fn, "input", input), to_numpy(fn, "params", params),
         [to_numpy(fn, "h0", h0), to_numpy(fn, "c0", c0)], to_numpy(fn, "batch_sizes", batch_sizes),
-        has_bias, num_layers, dropout, train, bidirectional, batch_first, None,
-        masks if dropout > 0 and train else None,
+        has_bias, num_layers, dropout, train, bidirectional, batch_first, None, masks,
     )  # fmt: skip
     res = run_forward(call, None, "fused", torch_gemm())
     if res.saved is None:
