@@ -68,6 +68,9 @@ def _worker(rank: int, port: int, out_path: str) -> None:
         grads, weights = train(model, x[shard], lengths[shard], 1.0 * WORLD / BATCH)
         if rank == 0:
             torch.save({"grads": grads, "weights": weights}, out_path)
+        # both ranks done before either tears gloo down: a rank that destroys its process group
+        # while the other still uses the connection can abort the other ("terminate called")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
