@@ -46,7 +46,7 @@ from .errors import (
     LstmInvalidArgumentError,
     LstmNullArgumentError,
 )
-from .tensors import any_tensor, tensor_to_numpy, to_numpy, torch_gemm
+from .tensors import from_torch, tensor_to_numpy, torch_gemm
 from .workspace import Arena, workspace_bytes
 
 __all__ = [
@@ -138,16 +138,15 @@ def aclnnLstmBackwardGetWorkspaceSize(
     """
     fn = "aclnnLstmBackwardGetWorkspaceSize"
     try:
-        args = {
+        args, torch_io = from_torch(fn, {
             "input": input, "hx": hx, "params": params, "dy": dy, "dh": dh, "dc": dc, "i": i,
             "g": g, "f": f, "o": o, "h": h, "c": c, "tanhc": tanhc,
             "batchSizesOptional": batchSizesOptional, "dxOut": dxOut, "dhPrevOut": dhPrevOut,
             "dcPrevOut": dcPrevOut, "dparamsOut": dparamsOut,
-        }  # fmt: skip
-        gemm = torch_gemm() if any_tensor(*args.values()) else None
-        if gemm is not None:
-            (input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, batchSizesOptional, dxOut,
-             dhPrevOut, dcPrevOut, dparamsOut) = (to_numpy(fn, n, v) for n, v in args.items())  # fmt: skip
+        })  # fmt: skip
+        (input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, batchSizesOptional, dxOut,
+         dhPrevOut, dcPrevOut, dparamsOut) = args.values()  # fmt: skip
+        gemm = torch_gemm() if torch_io else None
         check_bool(fn, "train", train)
         call = check_backward(
             fn, input, hx, params, dy, dh, dc, (i, g, f, o, h, c, tanhc), batchSizesOptional,
@@ -218,15 +217,14 @@ def aclnnLSTMGetWorkspaceSize(
     """
     fn = "aclnnLSTMGetWorkspaceSize"
     try:
-        args = {
+        args, torch_io = from_torch(fn, {
             "input": input, "params": params, "hx": hx, "batchSizes": batchSizes,
             "output": output, "hy": hy, "cy": cy, "iOut": iOut, "jOut": jOut, "fOut": fOut,
             "oOut": oOut, "hOut": hOut, "cOut": cOut, "tanhCOut": tanhCOut,
-        }  # fmt: skip
-        gemm = torch_gemm() if any_tensor(*args.values()) else None
-        if gemm is not None:
-            (input, params, hx, batchSizes, output, hy, cy, iOut, jOut, fOut, oOut, hOut, cOut,
-             tanhCOut) = (to_numpy(fn, n, v) for n, v in args.items())  # fmt: skip
+        })  # fmt: skip
+        (input, params, hx, batchSizes, output, hy, cy, iOut, jOut, fOut, oOut, hOut, cOut,
+         tanhCOut) = args.values()  # fmt: skip
+        gemm = torch_gemm() if torch_io else None
         call = check_forward(
             fn, input, params, hx, batchSizes, hasBias, numLayers, dropout, False,
             bidirectional, batchFirst, None,

@@ -22,7 +22,7 @@ from .contract import (
 from .dropout import make_dropout_masks
 from .errors import LstmError, LstmInternalError
 from .gemm import Gemm
-from .tensors import any_tensor, to_numpy, to_tensors, torch_gemm
+from .tensors import from_torch, to_tensors, torch_gemm
 from .workspace import Arena
 
 ENGINES: dict[str, ModuleType] = {"fused": fused, "reference": reference}  # contract.IMPLS
@@ -153,15 +153,11 @@ def lstm_backward(
     """
     fn = "lstm_backward"
     impl = check_impl(fn, impl)
-    tensors = {
+    a, torch_io = from_torch(fn, {
         "input": input, "hx": hx, "params": params, "dy": dy, "dh": dh, "dc": dc, "i": i,
         "g": g, "f": f, "o": o, "h": h, "c": c, "tanhc": tanhc, "batch_sizes": batch_sizes,
         "dropout_masks": dropout_masks,
-    }  # fmt: skip
-    torch_io = any_tensor(*tensors.values())
-    if torch_io:
-        tensors = {name: to_numpy(fn, name, value) for name, value in tensors.items()}
-    a = tensors
+    })  # fmt: skip
     call = check_backward(
         fn, a["input"], a["hx"], a["params"], a["dy"], a["dh"], a["dc"],
         tuple(a[n] for n in ("i", "g", "f", "o", "h", "c", "tanhc")), a["batch_sizes"],
@@ -228,14 +224,10 @@ def lstm_forward(
     """
     fn = "lstm_forward"
     impl = check_impl(fn, impl)
-    tensors = {
+    a, torch_io = from_torch(fn, {
         "input": input, "params": params, "hx": hx, "batch_sizes": batch_sizes,
         "dropout_masks": dropout_masks,
-    }  # fmt: skip
-    torch_io = any_tensor(*tensors.values())
-    if torch_io:
-        tensors = {name: to_numpy(fn, name, value) for name, value in tensors.items()}
-    a = tensors
+    })  # fmt: skip
     call = check_forward(
         fn, a["input"], a["params"], a["hx"], a["batch_sizes"], has_bias, num_layers, dropout,
         train, bidirectional, batch_first, seed, a["dropout_masks"],

@@ -79,6 +79,14 @@ def to_numpy(fn: str, name: str, value: Any) -> Any:
     return tensor_to_numpy(fn, name, value)
 
 
+def from_torch(fn: str, args: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The named arguments with every tensor (and tensor list element) as a NumPy view, in the
+    same order, and whether any of them was a tensor (then the call is a torch call)."""
+    if not any_tensor(*args.values()):
+        return args, False
+    return {name: to_numpy(fn, name, value) for name, value in args.items()}, True
+
+
 def to_tensors(value: Any) -> Any:
     """NumPy arrays -> torch tensors over the same memory, through lists and NamedTuples."""
     if isinstance(value, np.ndarray):
