@@ -52,7 +52,7 @@ def tensor_to_numpy(fn: str, name: str, value: Any, param: str | None = None) ->
     if not is_tensor(value):
         return value
     param = param or name
-    if value.device.type != "cpu":
+    if not value.is_cpu:
         raise LstmInvalidArgumentError(
             f"{fn}: {name} must be a CPU tensor, got a tensor on {value.device}", param
         )

@@ -57,8 +57,8 @@ def _stacked(arrays: Sequence[np.ndarray]) -> np.ndarray:
     )
 
 
-def _unstack(t: Tensor | None) -> list[Any] | None:
-    return None if t is None else list(t.unbind(0))
+def _unstacked(a: np.ndarray | None) -> list[np.ndarray] | None:
+    return None if a is None else list(a)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,7 +82,7 @@ def lstm_forward(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The forward (aclnnLSTM) as a custom op; see the module docstring for the schema."""
     fn = "lstmgrad::lstm_forward"
-    masks = to_numpy(fn, "dropout_masks", _unstack(dropout_masks))
+    masks = _unstacked(to_numpy(fn, "dropout_masks", dropout_masks))
     call = check_forward(
         fn, to_numpy(fn, "input", input), to_numpy(fn, "params", params),
         [to_numpy(fn, "h0", h0), to_numpy(fn, "c0", c0)], to_numpy(fn, "batch_sizes", batch_sizes),
@@ -177,13 +177,14 @@ def lstm_backward(
             f"the forward must run with train=True), got {list(saved.shape)}",
             "saved",
         )
-    lists = [to_numpy(fn, "saved", list(s.unbind(0))) for s in saved.unbind(0)]
+    acts = to_numpy(fn, "saved", saved)  # one view; the lists index it
+    lists = [list(acts[n]) for n in range(_GATHERED)]
     call = check_backward(
         fn, to_numpy(fn, "input", input), [to_numpy(fn, "h0", h0), to_numpy(fn, "c0", c0)],
         to_numpy(fn, "params", params), to_numpy(fn, "dy", dy), to_numpy(fn, "dh", dh),
         to_numpy(fn, "dc", dc), tuple(lists), to_numpy(fn, "batch_sizes", batch_sizes),
         has_bias, num_layers, dropout, train, bidirectional, batch_first, list(output_mask),
-        to_numpy(fn, "dropout_masks", _unstack(dropout_masks)),
+        _unstacked(to_numpy(fn, "dropout_masks", dropout_masks)),
     )  # fmt: skip
     dx, dh_prev, dc_prev, dparams = run_backward(call, None, "fused", torch_gemm())
 
