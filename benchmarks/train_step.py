@@ -183,7 +183,7 @@ def machine_lines(m: dict) -> list[str]:
         f"load {m['loadavg_start'][0]:.2f}, Python {m['python']}",
         f"torch    {t['torch']}, {t['num_threads']} threads (interop {t['num_interop_threads']}), "
         f"BLAS {t['blas']}, {t['onednn']}, mkldnn enabled {t['mkldnn_enabled']}",
-        f"lstmgrad {lg['lstmgrad']} (lstmgrad.nn.LSTM, GEMMs on torch's BLAS), torch threads "
+        f"lstmgrad {lg['lstmgrad']} (lstmgrad.nn.LSTM, GEMMs on torch: oneDNN or torch.mm), torch threads "
         f"{lg['num_threads']} in its worker; Numba {lg['numba']} ({lg['numba_threads']} threads)",
         f"env      {env}",
     ]
