@@ -139,3 +139,25 @@ def test_backward_op_rejects_missing_saved():
         OPS.lstm_backward(x, ps, h0, c0, None, None, None, torch.empty(0, dtype=x.dtype), bs,
                           None, *flags, [True] * 4)  # fmt: skip
     assert exc.value.code == 161002 and exc.value.param == "saved"
+
+
+@pytest.mark.parametrize("variant", ["dropout-masks", "no-train"])
+def test_opcheck_forward_variants(variant):
+    # without train nothing is saved: the op is for calls that need no gradient (see below)
+    x, ps, h0, c0, bs, fl = case_args(CASES[3], torch.float32, requires_grad=variant != "no-train")
+    masks, p, train = None, 0.0, variant != "no-train"
+    if variant == "dropout-masks":
+        t, b, dh = bs.shape[0], h0.shape[1], 2 * ps[1].shape[1]
+        masks = (torch.rand(fl["num_layers"] - 1, t, b, dh) > 0.5).float() * 2.0
+        p = 0.5
+    args = (x, ps, h0, c0, bs, masks, fl["has_bias"], fl["num_layers"], p, train,
+            fl["bidirectional"], fl["batch_first"])  # fmt: skip
+    opcheck(OPS.lstm_forward.default, args)
+
+
+def test_gradient_of_a_forward_that_saved_nothing_raises_clearly():
+    x, ps, h0, c0, bs, fl = case_args(CASES[0], requires_grad=True)
+    flags = (fl["has_bias"], fl["num_layers"], 0.0, False, fl["bidirectional"], fl["batch_first"])
+    y = OPS.lstm_forward(x, ps, h0, c0, bs, None, *flags)[0]
+    with pytest.raises(RuntimeError, match="no gradient without saved activations"):
+        y.sum().backward()
