@@ -20,7 +20,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _machine import CpuWatch, cpu_model, git_state, med, rel_err  # noqa: E402
 from _protocol import Worker, WorkerError, decode  # noqa: E402
 from shapes import SHAPES, Shape, select  # noqa: E402
 
@@ -77,78 +77,7 @@ class TrainWorker(Worker):
 
 
 # --------------------------------------------------------------------------------------------
-# other processes' CPU use during a batch (the machine is small and shared)
-
-CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _busy_ticks() -> int:
-    """Busy ticks of all CPUs since boot, or 0 without /proc."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return 0
-    return v[0] + v[1] + v[2] + v[5] + v[6] + v[7]  # user nice system irq softirq steal
-
-
-def _proc_ticks(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0
-    return int(fields[11]) + int(fields[12])  # utime, stime
-
-
-class CpuWatch:
-    """Cores that processes other than the worker ``pid`` and this one used during a block."""
-
-    def __init__(self, pid: int) -> None:
-        self.pids = (pid, os.getpid())
-
-    def __enter__(self) -> CpuWatch:
-        self.t0, self.b0 = time.perf_counter(), _busy_ticks()
-        self.p0 = sum(_proc_ticks(p) for p in self.pids)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.wall = time.perf_counter() - self.t0
-        own = sum(_proc_ticks(p) for p in self.pids) - self.p0
-        self.foreign_ticks = max(0, _busy_ticks() - self.b0 - own)
-        self.cores = self.foreign_ticks / CLK_TCK / self.wall if self.wall > 0 else 0.0
-
-    def noisy(self, cores: float) -> bool:
-        """More than ``cores`` of foreign work on average, with two ticks of slack."""
-        return self.foreign_ticks > cores * self.wall * CLK_TCK + 2
-
-
-# --------------------------------------------------------------------------------------------
 # machine line
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
-def git_state() -> dict:
-    def git(*a: str) -> str:
-        try:
-            r = subprocess.run(
-                ["git", *a], cwd=HERE.parent, capture_output=True, text=True, timeout=10
-            )
-        except (OSError, subprocess.SubprocessError):
-            return ""
-        return r.stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "src"))}
 
 
 def machine(tinfo: dict, linfo: dict) -> dict:
@@ -191,17 +120,6 @@ def machine_lines(m: dict) -> list[str]:
 
 # --------------------------------------------------------------------------------------------
 # correctness gate
-
-
-def rel_err(got: Any, want: Any) -> float:
-    """max|got - want| / max|want| (inf on a shape mismatch or a non-finite value)."""
-    a = np.asarray(got, dtype=np.float64)
-    b = np.asarray(want, dtype=np.float64)
-    if a.shape != b.shape or not np.all(np.isfinite(a)):
-        return math.inf
-    if a.size == 0:
-        return 0.0
-    return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), np.finfo(float).tiny))
 
 
 def gate_shape(sh: Shape) -> Shape:
@@ -274,10 +192,6 @@ def gate(tw: Worker, lw: Worker) -> tuple[dict, list[str]]:
 # measurement
 
 
-def med(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else math.nan
-
-
 def measure_shape(sh: Shape, tw: Worker, lw: Worker, cfg: Config, share_s: float) -> dict:
     """Warm-up, calibration, interleaved rounds and a profile of one shape."""
     t_start = time.perf_counter()
@@ -305,7 +219,7 @@ def measure_shape(sh: Shape, tw: Worker, lw: Worker, cfg: Config, share_s: float
         return {
             "s": steps,
             "wall": round(watch.wall, 6),
-            "other_cores": round(watch.cores, 3),
+            "other_cores": round(watch.foreign_cores, 3),
             "noisy": watch.noisy(cfg.noise_cores),
         }
 

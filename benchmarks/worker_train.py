@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from _protocol import encode, serve, time_reps
 from shapes import Shape
 from torch.nn.utils.rnn import pack_padded_sequence
+from worker_torch import info as torch_info
 
 CLASSES = 64  # width of the head: the number of target classes
 LR, MOMENTUM = 1e-3, 0.9
@@ -138,24 +139,7 @@ def _lstm_params(model: Model) -> list[np.ndarray]:
 
 def info() -> dict:
     _check_isolation()
-    cfg = torch.__config__.show()
-    blas = next(
-        (ln.split("BLAS_INFO=")[1].split(",")[0] for ln in cfg.splitlines() if "BLAS_INFO=" in ln),
-        "?",
-    )
-    onednn = next(
-        (ln.strip("- ").strip() for ln in cfg.splitlines() if "MKL-DNN" in ln or "oneDNN" in ln),
-        "?",
-    )
-    out = {
-        "impl": IMPL,
-        "torch": torch.__version__,
-        "num_threads": torch.get_num_threads(),
-        "num_interop_threads": torch.get_num_interop_threads(),
-        "blas": blas,
-        "onednn": onednn,
-        "mkldnn_enabled": torch.backends.mkldnn.enabled,
-    }
+    out = {"impl": IMPL, **torch_info()}  # the torch build, as the backward benchmark reports it
     if IMPL == "lstmgrad":
         import numba
 
