@@ -98,7 +98,7 @@ def to_tensors(value: Any) -> Any:
     return value
 
 
-def _dense(a: np.ndarray) -> bool:
+def _is_dense(a: np.ndarray) -> bool:
     # oneDNN runs a reference kernel, orders of magnitude slower, on an operand whose rows are
     # not packed (a row stride wider than the row)
     return bool(a.flags.c_contiguous or a.flags.f_contiguous)
@@ -141,8 +141,8 @@ class TorchGemm:
             self._onednn
             and a.dtype == np.float32
             and rows * b.shape[0] * b.shape[1] >= minimum
-            and _dense(a)
-            and _dense(b)
+            and _is_dense(a)
+            and _is_dense(b)
         )
 
     def __call__(self, a: np.ndarray, b: np.ndarray, /, *, out: np.ndarray) -> None:
@@ -157,6 +157,7 @@ class TorchGemm:
     def fixed(self, b: np.ndarray, rows: int) -> FixedGemm:
         torch = self._torch
         tb = torch.from_numpy(b)
+        # a is not known yet: b stands in for its dtype, a dense a is made so per call below
         if not self._use_onednn(b, b, rows, _PACKED_MIN_MNK):
 
             def plain(a: np.ndarray, out: np.ndarray) -> None:
@@ -168,7 +169,7 @@ class TorchGemm:
 
         def onednn(a: np.ndarray, out: np.ndarray) -> None:
             ta = torch.from_numpy(a)
-            if not _dense(a):  # a reference kernel otherwise (see _dense)
+            if not _is_dense(a):  # a reference kernel otherwise (see _is_dense)
                 ta = ta.contiguous()
             torch.from_numpy(out).copy_(linear(ta, packed, None, "none", [], ""))
 

@@ -112,15 +112,15 @@ def _dims(
     num_layers: int,
     bidirectional: bool,
     batch_first: bool,
-) -> tuple[int, int, int, int, int]:
-    """T, B, I, H, K from the arguments' shapes (what the fake implementations need)."""
+) -> tuple[int, int, int, int]:
+    """T, B, H, K from the arguments' shapes (what the fake implementation needs)."""
     hidden = params[1].shape[1]  # weight_hh_l0 [4H, H]
     k = num_layers * (2 if bidirectional else 1)
     if batch_sizes is not None:
-        return batch_sizes.shape[0], h0.shape[1], input.shape[-1], hidden, k
+        return batch_sizes.shape[0], h0.shape[1], hidden, k
     if batch_first:
-        return input.shape[1], input.shape[0], input.shape[2], hidden, k
-    return input.shape[0], input.shape[1], input.shape[2], hidden, k
+        return input.shape[1], input.shape[0], hidden, k
+    return input.shape[0], input.shape[1], hidden, k
 
 
 @lstm_forward.register_fake
@@ -128,7 +128,7 @@ def _(
     input, params, h0, c0, batch_sizes, dropout_masks, has_bias, num_layers, dropout, train,
     bidirectional, batch_first,
 ):  # fmt: skip
-    t, b, _, hid, k = _dims(input, params, h0, batch_sizes, num_layers, bidirectional, batch_first)
+    t, b, hid, k = _dims(input, params, h0, batch_sizes, num_layers, bidirectional, batch_first)
     width = (2 if bidirectional else 1) * hid
     if batch_sizes is not None:
         out_shape = (input.shape[0], width)
