@@ -6,6 +6,7 @@ Imports NumPy only (the parents import neither torch nor lstmgrad).
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 import os
 import platform
@@ -18,6 +19,17 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+# environment variables that change the libraries' speed, recorded with every run
+ENV_KEYS = (
+    "OPENBLAS_CORETYPE",
+    "OPENBLAS_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMBA_NUM_THREADS",
+    "NUMBA_CACHE_DIR",
+    "KMP_BLOCKTIME",
+    "OMP_WAIT_POLICY",
+)
 
 # --------------------------------------------------------------------------------------------
 # other processes' CPU use during a batch (the machine is shared and small)
@@ -96,6 +108,27 @@ def git_state() -> dict:
             return ""
 
     return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "src"))}
+
+
+def machine(tinfo: dict, linfo: dict) -> dict:
+    """The run's machine record: this process's facts and each worker's ``info`` answer."""
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = None
+    return {
+        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "affinity": affinity,
+        "loadavg_start": os.getloadavg(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "env": {k: os.environ.get(k) for k in ENV_KEYS},
+        "git": git_state(),
+        "torch_worker": tinfo,
+        "lstmgrad_worker": linfo,
+    }
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ import datetime as _dt
 import json
 import math
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _machine import CpuWatch, cpu_model, git_state, med, rel_err  # noqa: E402
+from _machine import CpuWatch, machine, med, rel_err  # noqa: E402
 from _protocol import Worker, WorkerError, decode, encode  # noqa: E402
 from shapes import SHAPES, Shape, make_case, select  # noqa: E402
 
@@ -40,16 +39,6 @@ ORACLE_SHAPES = [
     Shape("oracle-dense", 4, 3, 5, 6, 2, 2),
     Shape("oracle-varlen", 5, 4, 5, 6, 2, 2, (2, 5)),
 ]
-ENV_KEYS = (
-    "OPENBLAS_CORETYPE",
-    "OPENBLAS_NUM_THREADS",
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "NUMBA_NUM_THREADS",
-    "NUMBA_CACHE_DIR",
-    "KMP_BLOCKTIME",
-    "OMP_WAIT_POLICY",
-)
 
 
 @dataclass(frozen=True)
@@ -93,26 +82,6 @@ class Config:
 
 # --------------------------------------------------------------------------------------------
 # machine header
-
-
-def machine(tinfo: dict, linfo: dict) -> dict:
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = None
-    return {
-        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "affinity": affinity,
-        "loadavg_start": os.getloadavg(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "env": {k: os.environ.get(k) for k in ENV_KEYS},
-        "git": git_state(),
-        "torch_worker": tinfo,
-        "lstmgrad_worker": linfo,
-    }
 
 
 def engine_name(linfo: dict) -> str:

@@ -19,7 +19,6 @@ import datetime as _dt
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _machine import CpuWatch, cpu_model, git_state, med, rel_err  # noqa: E402
+from _machine import CpuWatch, machine, med, rel_err  # noqa: E402
 from _protocol import Worker, WorkerError, decode  # noqa: E402
 from shapes import SHAPES, Shape, select  # noqa: E402
 
@@ -78,28 +77,6 @@ class TrainWorker(Worker):
 
 # --------------------------------------------------------------------------------------------
 # machine line
-
-
-def machine(tinfo: dict, linfo: dict) -> dict:
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = None
-    return {
-        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "affinity": affinity,
-        "loadavg_start": os.getloadavg(),
-        "python": platform.python_version(),
-        "git": git_state(),
-        "env": {
-            k: os.environ.get(k)
-            for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-        },
-        "torch_worker": tinfo,
-        "lstmgrad_worker": linfo,
-    }
 
 
 def machine_lines(m: dict) -> list[str]:
