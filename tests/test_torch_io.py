@@ -50,6 +50,13 @@ SIZES = {
     "small": dict(t=4, b=3, i=5, h=6),
     # large enough for every oneDNN path of TorchGemm (plain and packed recurrent weight)
     "onednn": dict(t=4, b=16, i=64, h=128),
+    # rows N = T*B >= 4H: the weight gradient from [x | h_prev] stored transposed (tn_cols)
+    "tn": dict(t=14, b=16, i=48, h=40),
+}
+BATCH_SIZES = {
+    "small": [3, 3, 2, 1],
+    "onednn": [16, 13, 9, 2],
+    "tn": [16] * 8 + [14, 12, 12, 9, 5, 2],  # N = 182 >= 4H = 160
 }
 
 
@@ -62,7 +69,7 @@ def test_tensors_give_the_numpy_results(dtype, rtol, varlen, size):
     x, hx, params, dy, kw = make(dtype, **SIZES[size])
     bs = None
     if varlen:
-        bs = np.array([3, 3, 2, 1] if size == "small" else [16, 13, 9, 2], dtype=np.int64)
+        bs = np.array(BATCH_SIZES[size], dtype=np.int64)
         x, dy = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
     fw_np = lstmgrad.lstm_forward(x, params, hx, bs, **kw)
     fw_t = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), tensors(bs), **kw)
@@ -220,3 +227,36 @@ def test_onednn_paths_are_taken_for_the_large_size():
     a = np.ones((t * b, i), np.float32)
     w = np.ones((i, 4 * h), np.float32)
     assert gemm._use_onednn(a, w, t * b, _ONEDNN_MIN_MNK)
+    # the weight gradient's transposed layout, dense and variable-length
+    t, b, i, h = SIZES["tn"].values()
+    for n in (t * b, sum(BATCH_SIZES["tn"])):
+        assert gemm.tn_cols(np.dtype(np.float32), n, 4 * h)
+        assert gemm._use_onednn(
+            np.ones((i + h, n), np.float32), np.ones((n, 4 * h), np.float32), i + h, _ONEDNN_MIN_MNK
+        )
+    assert not gemm.tn_cols(np.dtype(np.float64), t * b, 4 * h)
+
+
+def test_transposed_weight_gradient_with_dropout_masks_and_any_lengths():
+    """The tn_cols path packs the layers' inputs transposed, dropout masks applied, for any
+    batch_sizes (unsorted too): the same gradients as NumPy's GEMMs, and as the reference."""
+    x, hx, params, dy, kw = make(np.float32, num_layers=3, **SIZES["tn"])
+    rng = np.random.default_rng(5)
+    t, b = x.shape[:2]
+    masks = [(rng.random((t, b, 2 * SIZES["tn"]["h"])) > 0.3).astype(np.float32) / 0.7
+             for _ in range(2)]  # fmt: skip
+    for bs in (None, np.array(BATCH_SIZES["tn"][::-1], dtype=np.int64)):  # unsorted
+        xs, dys = (x, dy) if bs is None else (x.reshape(t * b, -1), dy.reshape(t * b, -1))
+        kw2 = dict(kw, dropout=0.3, train=True)
+        fw = lstmgrad.lstm_forward(xs, params, hx, bs, dropout_masks=masks, **kw2)
+        args = (xs, hx, params, dys, hx[0], hx[1], *fw.saved[:7], bs)
+        want = lstmgrad.lstm_backward(*args, dropout_masks=masks, **kw2)
+        ref = lstmgrad.lstm_backward(*args, dropout_masks=masks, impl="reference", **kw2)
+        got = lstmgrad.lstm_backward(
+            *[tensors(a) for a in args], dropout_masks=tensors(masks), **kw2
+        )
+        for g, w, r in zip([got.dx, got.dh_prev, got.dc_prev, *got.dparams],
+                           [want.dx, want.dh_prev, want.dc_prev, *want.dparams],
+                           [ref.dx, ref.dh_prev, ref.dc_prev, *ref.dparams], strict=True):  # fmt: skip
+            assert_close(g, w, 2e-5)
+            assert_close(g, r, 2e-5)

@@ -15,7 +15,10 @@ class Gemm(Protocol):
     """``gemm(a, b, out=c)``: c = a @ b (2-D, written in place, like np.matmul);
     ``gemm.fixed(b, rows)``: the same product as a function of (a, out) for one b reused over many
     calls with at most ``rows`` rows in a (the recurrent product of every step), which a library
-    may prepare for (a packed copy of b)."""
+    may prepare for (a packed copy of b); ``gemm.tn(a, bt)``: a.T @ bt.T for C-contiguous a [K, M]
+    and bt [N, K], as a C-contiguous array (the weight gradient dG^T @ [x | h_prev] with the
+    right operand stored transposed, which some libraries run faster when K is large), used
+    where ``gemm.tn_cols(dtype, k, m)``."""
 
     #: whether the forward's recurrent product pays as (W_hh h^T)^T plus a transpose
     transposed_forward: bool
@@ -23,6 +26,10 @@ class Gemm(Protocol):
     def __call__(self, a: np.ndarray, b: np.ndarray, /, *, out: np.ndarray) -> Any: ...
 
     def fixed(self, b: np.ndarray, rows: int) -> FixedGemm: ...
+
+    def tn_cols(self, dtype: np.dtype, k: int, m: int) -> bool: ...
+
+    def tn(self, a: np.ndarray, bt: np.ndarray, /) -> np.ndarray: ...
 
 
 class NumpyGemm:
@@ -41,6 +48,12 @@ class NumpyGemm:
             np.matmul(a, b, out=out)
 
         return product
+
+    def tn_cols(self, dtype: np.dtype, k: int, m: int) -> bool:
+        return False  # OpenBLAS takes dG^T @ [x | h_prev] as it is
+
+    def tn(self, a: np.ndarray, bt: np.ndarray, /) -> np.ndarray:
+        return np.ascontiguousarray(np.matmul(a.T, bt.T))
 
 
 NUMPY_GEMM = NumpyGemm()

@@ -173,6 +173,48 @@ def gather_prev(s_h, s_c, h0, c0, ns, offsets, order, hp, hp_col, cp):  # pragma
 
 
 @_jit
+def gather_prev_cols(s_h, s_c, h0, c0, ns, offsets, order, hpt, hp_row, cp):  # pragma: no cover
+    """As gather_prev with the previous h stored transposed: hpt[hp_row + j, offsets[t] + r]."""
+    rows, hid = h0.shape
+    last = np.full(rows, -1, dtype=np.int64)
+    for step in range(order.shape[0]):
+        t = order[step]
+        off = offsets[t]
+        n = ns[t]
+        for r in range(n):
+            p = last[r]
+            if p < 0:
+                _copy(cp[off + r], c0[r])
+            else:
+                _copy(cp[off + r], s_c[p, r])
+        for j in range(hid):  # the n source rows are read across: their lines stay in L1
+            d = hpt[hp_row + j, off:]
+            for r in range(n):
+                p = last[r]
+                d[r] = h0[r, j] if p < 0 else s_h[p, r, j]
+        for r in range(n):
+            last[r] = t
+
+
+@_jit
+def pack_cols(src, scale, has_scale, ns, offsets, out, row):  # pragma: no cover
+    """pack_rows transposed: out[row + j, offsets[t] + r] = src[t, r, j] (times scale[t, r, j]
+    if has_scale) for r < n_t (src [T, B, W], any strides)."""
+    width = src.shape[2]
+    for t in range(src.shape[0]):
+        off = offsets[t]
+        n = ns[t]
+        for j in range(width):
+            d = out[row + j, off:]
+            if has_scale:
+                for r in range(n):
+                    d[r] = src[t, r, j] * scale[t, r, j]
+            else:
+                for r in range(n):
+                    d[r] = src[t, r, j]
+
+
+@_jit
 def pack_rows(src, ns, offsets, out, col):  # pragma: no cover
     """out[offsets[t] + r, col:col+W] = src[t, r, :] for r < n_t (src [T, B, W], any strides)."""
     width = src.shape[2]

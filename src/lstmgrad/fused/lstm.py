@@ -96,13 +96,13 @@ def forward_workspace_slots(dims: Dims, dtype: np.dtype) -> list[Slot]:
     ]
 
 
-def backward_workspace_slots(dims: Dims, dtype: np.dtype) -> list[Slot]:
-    """Scratch of the backward (compute dtype cd).
+def backward_workspace_slots(dims: Dims, dtype: np.dtype, gemm: Gemm = NUMPY_GEMM) -> list[Slot]:
+    """Scratch of the backward (compute dtype cd) for the GEMMs of ``gemm``.
 
-    xh [N, max(I, D*H) + H] packed [layer input | h_prev]; dg [N, 4H] gate gradients; cp [N, H]
-    packed c_prev; dw [4H, max(I, D*H) + H]; dh, dc [B, H]; dx [D, N,
-    max(I, D*H)] each direction's dx; dy [T, B, D*H] the gradient of the layer's output; acts
-    [7, T, B, H] the saved activations in cd (float16 storage only).
+    xh [N, max(I, D*H) + H] packed [layer input | h_prev] (stored transposed where
+    gemm.tn_cols); dg [N, 4H] gate gradients; cp [N, H] packed c_prev; dw [4H, max(I, D*H) + H];
+    dh, dc [B, H]; dx [D, N, max(I, D*H)] each direction's dx; dy [T, B, D*H] the gradient of
+    the layer's output; acts [7, T, B, H] the saved activations in cd (float16 storage only).
     """
     cd = compute_dtype(dtype)
     t, b, h = dims.T, dims.B, dims.H
@@ -234,6 +234,9 @@ def lstm_backward(
         backward_workspace_slots(dims, dtype)
     )
     dg, cp = dg_buf[:n_rows], cp_buf[:n_rows]
+    # dW = dG^T @ [x | h_prev] with [x | h_prev] written transposed by the kernels that pack it,
+    # where the GEMM library runs that layout faster (gemm.tn_cols)
+    nt = need_dw and gemm.tn_cols(cd, n_rows, dims.G)
     # every result in one (recycled) allocation: see workspace.block
     state = (dims.K, batch, hidden)
     dx_shape = (t_steps, batch, dims.I) if need_dx else (0,)
@@ -251,7 +254,21 @@ def lstm_backward(
         width = dims.layer_input_size(layer)
         want_dx = layer > 0 or need_dx
         xh = _dense(xh_buf, n_rows, width + hidden)
-        if need_dw:  # the layer's input, packed, in xh[:, :width]
+        xht = _dense(xh_buf, width + hidden, n_rows)  # the same memory, used where nt
+        if nt:  # the layer's input, packed, transposed, in xht[:width]
+            if layer == 0:
+                kernels.pack_cols(
+                    call.x.astype(cd, copy=False), dummy, False, st.ns, st.offsets, xht, 0
+                )
+            else:
+                for d in range(dims.D):
+                    h_below = _c(call.saved[4][(layer - 1) * dims.D + d], cd)
+                    if masks is not None:
+                        m = masks[layer - 1][..., d * hidden : (d + 1) * hidden]
+                        kernels.pack_cols(h_below, m, True, st.ns, st.offsets, xht, d * hidden)
+                    else:
+                        kernels.pack_cols(h_below, dummy, False, st.ns, st.offsets, xht, d * hidden)
+        elif need_dw:  # the layer's input, packed, in xh[:, :width]
             if layer == 0:
                 kernels.pack_rows(call.x.astype(cd, copy=False), st.ns, st.offsets, xh, 0)
             else:
@@ -273,9 +290,10 @@ def lstm_backward(
                 for n_, s in enumerate(call.saved):
                     acts_buf[n_][...] = s[k]
                 s_i, s_g, s_f, s_o, s_h, s_c, s_tc = acts_buf
-            kernels.gather_prev(
+            gather = kernels.gather_prev_cols if nt else kernels.gather_prev
+            gather(
                 s_h, s_c, _c(call.h0[k], cd), _c(call.c0[k], cd), st.ns, st.offsets,
-                st.orders[d], xh, width, cp,
+                st.orders[d], xht if nt else xh, width, cp,
             )  # fmt: skip
             dh[...] = 0.0 if call.dh is None else call.dh[k]
             dc[...] = 0.0 if call.dc is None else call.dc[k]
@@ -298,9 +316,12 @@ def lstm_backward(
                 dc_prev[k] = dc
             if want_dx:
                 gemm(dg, w_ih, out=_dense(dx_buf[d], n_rows, width))  # [N, I_l]
-            if dparams is not None:
-                dw = _dense(dw_buf, dims.G, width + hidden)
-                gemm(dg.T, xh, out=dw)  # [4H, I_l + H]: dW_ih and dW_hh in one GEMM
+            if dparams is not None:  # [4H, I_l + H]: dW_ih and dW_hh in one GEMM
+                if nt:
+                    dw = gemm.tn(dg, xht)
+                else:
+                    dw = _dense(dw_buf, dims.G, width + hidden)
+                    gemm(dg.T, xh, out=dw)
                 dparams[dims.index(layer, d, W_IH)][...] = dw[:, :width]
                 dparams[dims.index(layer, d, W_HH)][...] = dw[:, width:]
                 if dims.has_bias:
