@@ -171,7 +171,11 @@ def aclnnLstmBackwardGetWorkspaceSize(
                 _out_array(fn, f"dparamsOut[{j}]", a, p.shape, "shape of params", dtype)
                 for j, (a, p) in enumerate(zip(items, call.params, strict=True))
             ]
-        size = workspace_bytes(ENGINES[DEFAULT_IMPL].backward_workspace_slots(dims, dtype))
+        # the engine's scratch depends on the GEMM library (fused.lstm.backward_workspace_slots)
+        gemm_kw = {} if gemm is None else {"gemm": gemm}
+        size = workspace_bytes(
+            ENGINES[DEFAULT_IMPL].backward_workspace_slots(dims, dtype, **gemm_kw)
+        )
 
         def run(arena: Arena, call: BackwardCall = call) -> None:
             dx, dh_prev, dc_prev, dparams = run_backward(call, arena, gemm=gemm)

