@@ -13,6 +13,8 @@ FixedGemm = Callable[[np.ndarray, np.ndarray], Any]  # (a, out): out = a @ b for
 
 class Gemm(Protocol):
     """``gemm(a, b, out=c)``: c = a @ b (2-D, written in place, like np.matmul);
+    ``gemm.result(a, b, scratch)``: a @ b in scratch, or in new memory where the library returns
+    its own result faster than it copies it (the caller uses the returned array);
     ``gemm.fixed(b, rows)``: the same product as a function of (a, out) for one b reused over many
     calls with at most ``rows`` rows in a (the recurrent product of every step), which a library
     may prepare for (a packed copy of b); ``gemm.tn(a, bt)``: a.T @ bt.T for C-contiguous a [K, M]
@@ -24,6 +26,8 @@ class Gemm(Protocol):
     transposed_forward: bool
 
     def __call__(self, a: np.ndarray, b: np.ndarray, /, *, out: np.ndarray) -> Any: ...
+
+    def result(self, a: np.ndarray, b: np.ndarray, scratch: np.ndarray, /) -> np.ndarray: ...
 
     def fixed(self, b: np.ndarray, rows: int) -> FixedGemm: ...
 
@@ -40,6 +44,10 @@ class NumpyGemm:
 
     def __call__(self, a: np.ndarray, b: np.ndarray, /, *, out: np.ndarray) -> None:
         np.matmul(a, b, out=out)
+
+    def result(self, a: np.ndarray, b: np.ndarray, scratch: np.ndarray, /) -> np.ndarray:
+        # into the caller's (recycled) scratch: a new array pays its page faults every call
+        return np.matmul(a, b, out=scratch)
 
     def fixed(self, b: np.ndarray, rows: int) -> FixedGemm:
         b = np.ascontiguousarray(b)  # one layout for BLAS: results never depend on b's strides

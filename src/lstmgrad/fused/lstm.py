@@ -179,8 +179,8 @@ def lstm_forward(
             w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd)  # [4H, H]
             rec = None if transposed else gemm.fixed(w_hh.T, batch)  # h [n, H] -> [n, 4H]
             bias = _bias(call, layer, d, cd)
-            gx = gx_buf[:n_rows]
-            gemm(xp, w_ih.T, out=gx)  # [N, 4H]: every step's input projection at once
+            # [N, 4H]: every step's input projection at once
+            gx = gemm.result(xp, w_ih.T, gx_buf[:n_rows])
             h[...] = 0.0 if call.h0 is None else call.h0[k]
             c[...] = 0.0 if call.c0 is None else call.c0[k]
             if cd == dtype:
@@ -252,6 +252,7 @@ def lstm_backward(
     dy = None if call.dy is None else call.dy.astype(cd, copy=False)
     dx_out = None
     dummy = np.zeros((1, 1, 1), dtype=cd)
+    dx_parts: list[np.ndarray] = [dummy[0]] * dims.D  # each direction's dx of the layer
     for layer in reversed(range(dims.L)):
         width = dims.layer_input_size(layer)
         want_dx = layer > 0 or need_dx
@@ -308,7 +309,7 @@ def lstm_backward(
             if dc_prev is not None:
                 dc_prev[k] = dc
             if want_dx:
-                gemm(dg, w_ih, out=_dense(dx_buf[d], n_rows, width))  # [N, I_l]
+                dx_parts[d] = gemm.result(dg, w_ih, _dense(dx_buf[d], n_rows, width))  # [N, I_l]
             if dparams is not None:  # [4H, I_l + H]: dW_ih and dW_hh in one GEMM
                 if nt:
                     dw = gemm.tn(dg, _dense(xht_buf, width + hidden, n_rows))
@@ -323,9 +324,9 @@ def lstm_backward(
                     dparams[dims.index(layer, d, B_HH)][...] = db
         if want_dx:
             # each direction's dx rounded to the storage dtype, summed in it (SPEC 7)
-            total = _rounded(_dense(dx_buf[0], n_rows, width), dtype)
+            total = _rounded(dx_parts[0], dtype)
             if dims.D == 2:
-                np.add(total, _rounded(_dense(dx_buf[1], n_rows, width), dtype), out=total)
+                np.add(total, _rounded(dx_parts[1], dtype), out=total)
                 _rounded(total, dtype)
             if layer > 0:
                 dy = dy_buf
