@@ -50,13 +50,13 @@ SIZES = {
     "small": dict(t=4, b=3, i=5, h=6),
     # large enough for every oneDNN path of TorchGemm (plain and packed recurrent weight)
     "onednn": dict(t=4, b=16, i=64, h=128),
-    # rows N = T*B >= 4H: the weight gradient from [x | h_prev] stored transposed (tn_cols)
-    "tn": dict(t=14, b=16, i=48, h=40),
+    # T*B >= 4H: the weight gradient's "tn" layout ("onednn" above takes "nt")
+    "tn": dict(t=14, b=16, i=48, h=56),
 }
 BATCH_SIZES = {
     "small": [3, 3, 2, 1],
     "onednn": [16, 13, 9, 2],
-    "tn": [16] * 8 + [14, 12, 12, 9, 5, 2],  # N = 182 >= 4H = 160
+    "tn": [16] * 8 + [14, 12, 12, 9, 5, 2],
 }
 
 
@@ -182,9 +182,9 @@ def test_tensor_errors_name_the_argument(bad, param, match):
     assert exc.value.code == 161002 and exc.value.param == param
 
 
-@pytest.mark.parametrize("size", ["small", "tn"])
+@pytest.mark.parametrize("size", ["small", "onednn", "tn"])
 def test_aclnn_mirror_writes_into_tensors(size):
-    # "tn": the workspace holds the transposed operand of the weight gradient (tn_cols)
+    # "onednn", "tn": the workspace holds a transposed operand of the weight gradient
     x, hx, params, dy, kw = make(np.float32, **SIZES[size])
     k, b, h = hx[0].shape
     want = lstmgrad.lstm_forward(x, params, hx, **kw)
@@ -230,25 +230,28 @@ def test_onednn_paths_are_taken_for_the_large_size():
     a = np.ones((t * b, i), np.float32)
     w = np.ones((i, 4 * h), np.float32)
     assert gemm._use_onednn(a, w, t * b, _ONEDNN_MIN_MNK)
-    # the weight gradient's transposed layout, dense and variable-length
-    t, b, i, h = SIZES["tn"].values()
-    for n in (t * b, sum(BATCH_SIZES["tn"])):
-        assert gemm.tn_cols(np.dtype(np.float32), n, 4 * h)
-        assert gemm._use_onednn(
-            np.ones((i + h, n), np.float32), np.ones((n, 4 * h), np.float32), i + h, _ONEDNN_MIN_MNK
-        )
-    assert not gemm.tn_cols(np.dtype(np.float64), t * b, 4 * h)
+    # the weight gradient's layouts (see lstmgrad.gemm.Gemm): "nt" for "onednn", "tn" for "tn"
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    for size, layout in (("onednn", "nt"), ("tn", "tn")):
+        t, b, i, h = SIZES[size].values()
+        assert gemm.weight_grad_layout(f32, t * b, 4 * h) == layout
+        assert gemm.weight_grad_layout(f64, t * b, 4 * h) == "rows"
+        n = t * b  # the dense case's weight-gradient GEMMs run on oneDNN
+        assert n * 4 * h * h >= _ONEDNN_MIN_MNK and n * 4 * h * i >= _ONEDNN_MIN_MNK
+    assert gemm.weight_grad_layout(f32, 12, 64) == "rows"  # too small to pay
 
 
-def test_transposed_weight_gradient_with_dropout_masks_and_any_lengths():
-    """The tn_cols path packs the layers' inputs transposed, dropout masks applied, for any
-    batch_sizes (unsorted too): the same gradients as NumPy's GEMMs, and as the reference."""
-    x, hx, params, dy, kw = make(np.float32, num_layers=3, **SIZES["tn"])
+@pytest.mark.parametrize("size", ["onednn", "tn"])
+def test_weight_gradient_layouts_with_dropout_masks_and_any_lengths(size):
+    """The "nt" and "tn" layouts of the weight gradient pack the layers' inputs their own way,
+    dropout masks applied, for any batch_sizes (unsorted too): the same gradients as NumPy's
+    GEMMs, and as the reference."""
+    x, hx, params, dy, kw = make(np.float32, num_layers=3, **SIZES[size])
     rng = np.random.default_rng(5)
     t, b = x.shape[:2]
-    masks = [(rng.random((t, b, 2 * SIZES["tn"]["h"])) > 0.3).astype(np.float32) / 0.7
+    masks = [(rng.random((t, b, 2 * SIZES[size]["h"])) > 0.3).astype(np.float32) / 0.7
              for _ in range(2)]  # fmt: skip
-    for bs in (None, np.array(BATCH_SIZES["tn"][::-1], dtype=np.int64)):  # unsorted
+    for bs in (None, np.array(BATCH_SIZES[size][::-1], dtype=np.int64)):  # unsorted
         xs, dys = (x, dy) if bs is None else (x.reshape(t * b, -1), dy.reshape(t * b, -1))
         kw2 = dict(kw, dropout=0.3, train=True)
         fw = lstmgrad.lstm_forward(xs, params, hx, bs, dropout_masks=masks, **kw2)

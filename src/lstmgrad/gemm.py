@@ -17,10 +17,14 @@ class Gemm(Protocol):
     its own result faster than it copies it (the caller uses the returned array);
     ``gemm.fixed(b, rows)``: the same product as a function of (a, out) for one b reused over many
     calls with at most ``rows`` rows in a (the recurrent product of every step), which a library
-    may prepare for (a packed copy of b); ``gemm.tn(a, bt)``: a.T @ bt.T for C-contiguous a [K, M]
-    and bt [N, K], as a C-contiguous array (the weight gradient dG^T @ [x | h_prev] with the
-    right operand stored transposed, which some libraries run faster when K is large), used
-    where ``gemm.tn_cols(dtype, k, m)``."""
+    may prepare for (a packed copy of b).
+
+    The weight gradient dW = dG^T @ [x | h_prev] ([4H, N] x [N, I + H], N rows of all steps) is
+    computed in the layout ``gemm.weight_grad_layout(dtype, n, g)`` names (n = T*B, g = 4H):
+    "rows", ``gemm(dG.T, xh, out=dw)``; "tn", ``gemm.tn(dG, xh^T)`` from [x | h_prev] stored
+    transposed; "nt", ``gemm.nt(dG^T, x)`` and ``gemm.nt(dG^T, h_prev)`` from dG stored
+    transposed, the results used as returned (some libraries run these layouts much faster).
+    """
 
     #: whether the forward's recurrent product pays as (W_hh h^T)^T plus a transpose
     transposed_forward: bool
@@ -31,9 +35,15 @@ class Gemm(Protocol):
 
     def fixed(self, b: np.ndarray, rows: int) -> FixedGemm: ...
 
-    def tn_cols(self, dtype: np.dtype, k: int, m: int) -> bool: ...
+    def weight_grad_layout(self, dtype: np.dtype, n: int, g: int) -> str: ...
 
-    def tn(self, a: np.ndarray, bt: np.ndarray, /) -> np.ndarray: ...
+    def tn(self, a: np.ndarray, bt: np.ndarray, /) -> np.ndarray:
+        """a.T @ bt.T, C-contiguous, for C-contiguous a [K, M] and bt [N, K]."""
+        ...
+
+    def nt(self, at: np.ndarray, b: np.ndarray, /) -> np.ndarray:
+        """at @ b as a new C-contiguous array, for C-contiguous at [M, K] and b [K, N]."""
+        ...
 
 
 class NumpyGemm:
@@ -57,11 +67,14 @@ class NumpyGemm:
 
         return product
 
-    def tn_cols(self, dtype: np.dtype, k: int, m: int) -> bool:
-        return False  # OpenBLAS takes dG^T @ [x | h_prev] as it is
+    def weight_grad_layout(self, dtype: np.dtype, n: int, g: int) -> str:
+        return "rows"  # OpenBLAS takes dG^T @ [x | h_prev] as it is
 
     def tn(self, a: np.ndarray, bt: np.ndarray, /) -> np.ndarray:
         return np.ascontiguousarray(np.matmul(a.T, bt.T))
+
+    def nt(self, at: np.ndarray, b: np.ndarray, /) -> np.ndarray:
+        return np.matmul(at, b)
 
 
 NUMPY_GEMM = NumpyGemm()

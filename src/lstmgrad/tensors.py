@@ -185,13 +185,19 @@ class TorchGemm:
 
         return onednn
 
-    def tn_cols(self, dtype: np.dtype, k: int, m: int) -> bool:
+    def weight_grad_layout(self, dtype: np.dtype, n: int, g: int) -> str:
         # oneDNN wants its source operand dense with K contiguous (its weight operand it
-        # reorders anyway). Measured for dW = dG^T [x | h_prev] ([4H, N] x [N, I + H]): computed
-        # as dW^T = [x | h_prev]^T dG from the transposed copy the kernels write, 1.3-1.9x
-        # faster with N >= 4H (med-2 ... med-5: 20.3 -> 15.3 ms); below, the transposed result's
-        # copy eats the gain (large-1, N = 800, 4H = 4096: 40.1 -> 38.1 ms, plus 5.8 ms copy).
-        return self._onednn and np.dtype(dtype) == np.float32 and k >= m
+        # reorders, fast, whatever the strides of a dense one). Measured here, dW = dG^T
+        # [x | h_prev] ([4H, N] x [N, I + H]) including the transposes and copies each layout
+        # needs: with N >= 4H, as dW^T = [x | h_prev]^T dG ("tn") 10.6 -> 8.4 ms (N = 3200,
+        # 4H = 1024, I = H = 256; "nt" 11.6); with N < 4H, as dG^T x and dG^T h_prev ("nt",
+        # results used as returned) 46.1 -> 31.5 ms (N = 800, 4H = 4096, I = H = 1024) and
+        # 7.7 -> 4.0 ms (N = 400, 4H = 2048).
+        if not (
+            self._onednn and np.dtype(dtype) == np.float32 and n * g * g // 4 >= _ONEDNN_MIN_MNK
+        ):
+            return "rows"
+        return "tn" if n >= g else "nt"
 
     def tn(self, a: np.ndarray, bt: np.ndarray, /) -> np.ndarray:
         torch = self._torch
@@ -202,6 +208,13 @@ class TorchGemm:
         else:
             res_t = torch.mm(tbt, ta)
         return res_t.t().contiguous().numpy()
+
+    def nt(self, at: np.ndarray, b: np.ndarray, /) -> np.ndarray:
+        torch = self._torch
+        tat, tb = torch.from_numpy(at), torch.from_numpy(b)
+        if self._use_onednn(at, b, at.shape[0], _ONEDNN_MIN_MNK):
+            return torch.ops.mkldnn._linear_pointwise(tat, tb.t(), None, "none", [], "").numpy()
+        return torch.mm(tat, tb).numpy()
 
 
 def torch_gemm() -> TorchGemm:

@@ -102,23 +102,27 @@ def backward_workspace_slots(dims: Dims, dtype: np.dtype, gemm: Gemm = NUMPY_GEM
     xh [N, max(I, D*H) + H] packed [layer input | h_prev]; dg [N, 4H] gate gradients; cp [N, H]
     packed c_prev; dw [4H, max(I, D*H) + H]; dh, dc [B, H]; dx [D, N, max(I, D*H)] each
     direction's dx; dy [T, B, D*H] the gradient of the layer's output; acts [7, T, B, H] the
-    saved activations in cd (float16 storage only); xht: xh transposed, where gemm.tn_cols.
+    saved activations in cd (float16 storage only); xht [max(I, D*H) + H, N] xh transposed,
+    where the weight gradient's layout is "tn"; dgt [4H, N] dg transposed, where it is "nt"
+    (see :class:`lstmgrad.gemm.Gemm`).
     """
     cd = compute_dtype(dtype)
     t, b, h = dims.T, dims.B, dims.H
     n, width = t * b, max(dims.I, dims.D * h)
     acts = (7, t, b, h) if cd != dtype else (0,)
+    layout = gemm.weight_grad_layout(cd, n, 4 * h)
     return [
         ((n, width + h), cd),
         ((n, 4 * h), cd),
         ((n, h), cd),
-        ((4 * h, width + h), cd),
+        ((4 * h, width + h) if layout == "rows" else (0,), cd),
         ((b, h), cd),
         ((b, h), cd),
         ((dims.D, n, width), cd),
         ((t, b, dims.D * h), cd),
         (acts, cd),
-        ((width + h, n) if gemm.tn_cols(cd, n, 4 * h) else (0,), cd),
+        ((width + h, n) if layout == "tn" else (0,), cd),
+        ((4 * h, n) if layout == "nt" else (0,), cd),
     ]
 
 
@@ -231,20 +235,22 @@ def lstm_backward(
     t_steps, batch, hidden = dims.T, dims.B, dims.H
     st = _Steps(dims, call.mask)
     n_rows = st.total
-    xh_buf, dg_buf, cp_buf, dw_buf, dh, dc, dx_buf, dy_buf, acts_buf, xht_buf = arena.take_all(
-        backward_workspace_slots(dims, dtype, gemm)
-    )
+    (xh_buf, dg_buf, cp_buf, dw_buf, dh, dc, dx_buf, dy_buf, acts_buf, xht_buf,
+     dgt_buf) = arena.take_all(backward_workspace_slots(dims, dtype, gemm))  # fmt: skip
     dg, cp = dg_buf[:n_rows], cp_buf[:n_rows]
-    # dW = dG^T @ [x | h_prev] from [x | h_prev] transposed (xht), where the GEMM library runs
-    # that layout faster (gemm.tn_cols)
-    nt = need_dw and gemm.tn_cols(cd, n_rows, dims.G)
-    xh_flat, xht_flat = xh_buf.reshape(-1), xht_buf.reshape(-1)  # for kernels.transpose_cols
+    # the layout of dW = dG^T @ [x | h_prev] (see gemm.Gemm); "nt" packs x and h_prev each
+    # dense (operands of their own GEMM), the others [x | h_prev] in the rows of xh
+    layout = gemm.weight_grad_layout(cd, t_steps * batch, dims.G) if need_dw else "rows"
+    flat = xh_buf.reshape(-1), xht_buf.reshape(-1), dg_buf.reshape(-1), dgt_buf.reshape(-1)
+    xh_flat, xht_flat, dg_flat, dgt_flat = flat  # for kernels.transpose_cols
     # every result in one (recycled) allocation: see workspace.block
     state = (dims.K, batch, hidden)
     dx_shape = (t_steps, batch, dims.I) if need_dx else (0,)
-    outs = block(
-        [dx_shape, state, state] + ([p.shape for p in call.params] if need_dw else []), dtype
-    )
+    dw_shapes = [p.shape for p in call.params] if need_dw else []
+    if layout == "nt":  # dW_ih, dW_hh: the GEMMs' results themselves
+        for layer, d in np.ndindex(dims.L, dims.D):
+            dw_shapes[dims.index(layer, d, W_IH)] = dw_shapes[dims.index(layer, d, W_HH)] = (0,)
+    outs = block([dx_shape, state, state] + dw_shapes, dtype)
     dh_prev = outs[1] if need_dh else None
     dc_prev = outs[2] if need_dc else None
     dparams = outs[3:] if need_dw else None
@@ -257,6 +263,11 @@ def lstm_backward(
         width = dims.layer_input_size(layer)
         want_dx = layer > 0 or need_dx
         xh = _dense(xh_buf, n_rows, width + hidden)
+        hp = xh  # where h_prev goes (from column hp_col)
+        if layout == "nt":  # x [N, I_l] then h_prev [N, H], each dense
+            xh = _dense(xh_buf, n_rows, width)
+            hp = xh_flat[n_rows * width : n_rows * (width + hidden)].reshape(n_rows, hidden)
+        hp_col = 0 if layout == "nt" else width
         if need_dw:  # the layer's input, packed, in xh[:, :width]
             if layer == 0:
                 kernels.pack_rows(call.x.astype(cd, copy=False), st.ns, st.offsets, xh, 0)
@@ -268,7 +279,7 @@ def lstm_backward(
                         kernels.pack_rows_scaled(h_below, m, st.ns, st.offsets, xh, d * hidden)
                     else:
                         kernels.pack_rows(h_below, st.ns, st.offsets, xh, d * hidden)
-        if nt:  # and transposed
+        if layout == "tn":  # and transposed
             kernels.transpose_cols(xh_flat, width + hidden, n_rows, 0, width, xht_flat)
         for d in range(dims.D):
             k = layer * dims.D + d
@@ -283,9 +294,9 @@ def lstm_backward(
                 s_i, s_g, s_f, s_o, s_h, s_c, s_tc = acts_buf
             kernels.gather_prev(
                 s_h, s_c, _c(call.h0[k], cd), _c(call.c0[k], cd), st.ns, st.offsets,
-                st.orders[d], xh, width, cp,
+                st.orders[d], hp, hp_col, cp,
             )  # fmt: skip
-            if nt:
+            if layout == "tn":
                 kernels.transpose_cols(
                     xh_flat, width + hidden, n_rows, width, width + hidden, xht_flat
                 )
@@ -310,18 +321,23 @@ def lstm_backward(
                 dc_prev[k] = dc
             if want_dx:
                 dx_parts[d] = gemm.result(dg, w_ih, _dense(dx_buf[d], n_rows, width))  # [N, I_l]
-            if dparams is not None:  # [4H, I_l + H]: dW_ih and dW_hh in one GEMM
-                if nt:
+            if dparams is not None and layout == "nt":
+                kernels.transpose_cols(dg_flat, dims.G, n_rows, 0, dims.G, dgt_flat)
+                dgt = _dense(dgt_buf, dims.G, n_rows)
+                dparams[dims.index(layer, d, W_IH)] = gemm.nt(dgt, xh)
+                dparams[dims.index(layer, d, W_HH)] = gemm.nt(dgt, hp)
+            elif dparams is not None:  # [4H, I_l + H]: dW_ih and dW_hh in one GEMM
+                if layout == "tn":
                     dw = gemm.tn(dg, _dense(xht_buf, width + hidden, n_rows))
                 else:
                     dw = _dense(dw_buf, dims.G, width + hidden)
                     gemm(dg.T, xh, out=dw)
                 dparams[dims.index(layer, d, W_IH)][...] = dw[:, :width]
                 dparams[dims.index(layer, d, W_HH)][...] = dw[:, width:]
-                if dims.has_bias:
-                    db = dg.sum(axis=0)
-                    dparams[dims.index(layer, d, B_IH)][...] = db
-                    dparams[dims.index(layer, d, B_HH)][...] = db
+            if dparams is not None and dims.has_bias:
+                db = dg.sum(axis=0)
+                dparams[dims.index(layer, d, B_IH)][...] = db
+                dparams[dims.index(layer, d, B_HH)][...] = db
         if want_dx:
             # each direction's dx rounded to the storage dtype, summed in it (SPEC 7)
             total = _rounded(dx_parts[0], dtype)
