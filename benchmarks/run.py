@@ -78,6 +78,11 @@ class Config:
     noise_cores: float  # a batch is redone when other processes used more CPU than this
     max_retries: int
     budget_s: float  # time for all shapes; redos stop when a shape has used its share
+    lstmgrad_input: str = "arrays"  # or "tensors" (see worker_lstmgrad.py)
+
+    def lstmgrad_env(self) -> dict[str, str]:
+        """The lstmgrad workers' environment (their input mode)."""
+        return dict(os.environ, LSTMGRAD_BENCH_INPUT=self.lstmgrad_input)
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,6 +116,13 @@ def header_lines(m: dict) -> list[str]:
         f"lstmgrad {lg['lstmgrad']} engine {engine_name(lg)}; NumPy {lg['numpy']} BLAS {blas_s}, "
         f"OpenBLAS threads {lg.get('openblas_threads')}; Numba {lg.get('numba')} "
         f"({lg.get('numba_threads')} threads)",
+        f"input    {lg.get('input', 'arrays')}"
+        + (
+            f": torch {lg.get('torch')} tensors, lstmgrad's GEMMs on torch ({lg.get('torch_threads')}"
+            " threads)"
+            if lg.get("input") == "tensors"
+            else ": NumPy arrays, lstmgrad's GEMMs on NumPy's BLAS"
+        ),
         f"env      {env}   (OPENBLAS_CORETYPE {m['env'].get('OPENBLAS_CORETYPE') or 'unset'})",
     ]
 
@@ -181,7 +193,7 @@ def measure_shape(
     t_start = time.perf_counter()
     tset = tw.call("setup", shape=sh.to_dict())
     lset = lw.call("setup", shape=sh.to_dict())
-    if lset["torch_imported"]:
+    if lset["torch_imported"] and cfg.lstmgrad_input == "arrays":
         raise SystemExit("lstmgrad worker imported torch: the measurement would be invalid")
     pairs = pairs_of(sh)
     workers = {"torch": tw, "lstmgrad": lw}
@@ -218,7 +230,8 @@ def measure_shape(
 
     # warm-up (JIT compiles, caches, oneDNN primitives), then each item's reps
     plan = [x for p in pairs for x in (("torch", p.torch_item), ("lstmgrad", p.lg_item))]
-    plan = list(dict.fromkeys(plan)) + [("lstmgrad", g) for g in GEMM_ITEMS]
+    gemm_items = [g for g in GEMM_ITEMS if g in lset["items"]]  # none with tensors
+    plan = list(dict.fromkeys(plan)) + [("lstmgrad", g) for g in gemm_items]
     warm, reps = {}, {}
     for side, item in plan:
         warm[f"{side}:{item}"] = [batch(side, item, cfg.warmup_reps)]
@@ -254,9 +267,9 @@ def measure_shape(
                 redone += 1
             raw[p.name]["torch"].append(got["torch"])
             raw[p.name]["lg"].append(got["lstmgrad"])
-    gemm_raw: dict[str, list] = {g: [] for g in GEMM_ITEMS}
+    gemm_raw: dict[str, list] = {g: [] for g in gemm_items}
     for _ in range(cfg.rounds):
-        for g in GEMM_ITEMS:
+        for g in gemm_items:
             for attempt in range(cfg.max_retries + 1):
                 b = batch("lstmgrad", g, reps[f"lstmgrad:{g}"])
                 if not b["noisy"] or attempt == cfg.max_retries or not may_retry():
@@ -267,7 +280,12 @@ def measure_shape(
     mem = lw.call("memory")
     first = None
     if cfg.first_call:
-        fresh = Worker("lstmgrad-fresh", HERE / "worker_lstmgrad.py", logdir / "lstmgrad-fresh.log")
+        fresh = Worker(
+            "lstmgrad-fresh",
+            HERE / "worker_lstmgrad.py",
+            logdir / "lstmgrad-fresh.log",
+            cfg.lstmgrad_env(),
+        )
         try:
             with CpuWatch(fresh.proc.pid) as watch:
                 first = fresh.call("first_call", shape=sh.to_dict())
@@ -297,6 +315,8 @@ def measure_shape(
             "torch_path": tset["paths"][d["torch_item"]]["path"],
         }
     gemm_ms = {g: med([1e3 * med(b["s"]) for b in v]) for g, v in gemm_raw.items()}
+    if not gemm_ms:  # tensors: no GEMM-only reference
+        gemm_ms = dict.fromkeys(GEMM_ITEMS, math.nan)
     lg_full_round = raw["bwd"]["lg_ms_round"]
     nodx_vs_full = [
         a / b for a, b in zip(raw["bwd_nodx"]["lg_ms_round"], lg_full_round, strict=True)
@@ -340,11 +360,11 @@ def measure_shape(
     }
 
 
-def cold_first_call(sh: Shape, logdir: Path) -> dict:
+def cold_first_call(sh: Shape, logdir: Path, cfg: Config) -> dict:
     """First calls in a fresh lstmgrad process whose Numba cache is empty (NUMBA_CACHE_DIR
     pointed at a new temporary folder): the JIT compile time itself."""
     with tempfile.TemporaryDirectory(prefix="lstmgrad-numba-cache-") as cache:
-        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+        env = dict(cfg.lstmgrad_env(), NUMBA_CACHE_DIR=cache)
         w = Worker("lstmgrad-cold", HERE / "worker_lstmgrad.py", logdir / "lstmgrad-cold.log", env)
         try:
             with CpuWatch(w.proc.pid) as watch:
@@ -383,6 +403,13 @@ def table(rows: list[list[str]], head: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _extra_mb(res: dict, *items: str) -> str:
+    """The largest extra memory of ``items`` in MB ("-" where not measured: tensor input)."""
+    if res["memory"] is None:
+        return "-"
+    return f"{max(res['memory'][i]['extra'] for i in items) / 1e6:.1f}"
+
+
 def torch_path_label(res: dict, pair: str) -> str:
     s = res["summary"][pair]
     if res["shape"]["lengths_range"] is None:
@@ -419,7 +446,7 @@ def report(results: list[dict]) -> str:
                     _ratio(s),
                     f"{d['gflops_bwd']:.1f}",
                     f"{d['gemm_frac_bwd']:.2f}",
-                    f"{res['memory']['bwd']['extra'] / 1e6:.1f}",
+                    _extra_mb(res, "bwd"),
                     f"{fc['bwd1_s']:.2f}" if fc else "-",
                     _noisy(s),
                 ]
@@ -432,7 +459,6 @@ def report(results: list[dict]) -> str:
             if pair not in res["summary"]:
                 continue
             s, d, fc = res["summary"][pair], res["derived"], res["first_call"]
-            extra = max(res["memory"]["fwd"]["extra"], res["memory"]["bwd"]["extra"])
             rows.append(
                 [
                     res["shape"]["id"],
@@ -442,7 +468,7 @@ def report(results: list[dict]) -> str:
                     _ratio(s),
                     f"{d['gflops_fwd_bwd']:.1f}",
                     f"{d['gemm_frac_fwd_bwd']:.2f}",
-                    f"{extra / 1e6:.1f}",
+                    _extra_mb(res, "fwd", "bwd"),
                     f"{fc['fwd1_s'] + fc['bwd1_s']:.2f}" if fc else "-",
                     _noisy(s),
                 ]
@@ -474,7 +500,7 @@ def report(results: list[dict]) -> str:
                 _ratio(s),
                 f"{d['gflops_bwd_nodx']:.1f}",
                 f"{d['gemm_frac_bwd_nodx']:.2f}",
-                f"{res['memory']['bwd_nodx']['extra'] / 1e6:.1f}",
+                _extra_mb(res, "bwd_nodx"),
                 f"{d['nodx_over_full']:.2f}",
                 _noisy(s),
             ]
@@ -612,6 +638,13 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds for the timings of all shapes: redos stop once a shape has used its "
         "share (default 780)",
     )
+    ap.add_argument(
+        "--lstmgrad-input",
+        choices=("arrays", "tensors"),
+        default="arrays",
+        help="what lstmgrad is given: NumPy arrays (its GEMMs on NumPy's BLAS; default) or "
+        "torch tensors over the same memory (its GEMMs on torch's oneDNN / BLAS)",
+    )
     args = ap.parse_args(argv)
 
     shapes = select(args.shapes)
@@ -625,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         noise_cores=args.noise_cores,
         max_retries=args.max_retries,
         budget_s=args.budget_s,
+        lstmgrad_input=args.lstmgrad_input,
     )
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     resdir = HERE / "results"
@@ -635,11 +669,15 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     tw = Worker("torch", HERE / "worker_torch.py", logdir / "torch.log")
-    lw = Worker("lstmgrad", HERE / "worker_lstmgrad.py", logdir / "lstmgrad.log")
+    lw = Worker(
+        "lstmgrad", HERE / "worker_lstmgrad.py", logdir / "lstmgrad.log", cfg.lstmgrad_env()
+    )
     results: list[dict] = []
     try:
         tinfo, linfo = tw.call("info"), lw.call("info")
-        if tinfo["lstmgrad_imported"] or linfo["torch_imported"]:
+        if tinfo["lstmgrad_imported"] or (
+            linfo["torch_imported"] and args.lstmgrad_input == "arrays"
+        ):
             raise SystemExit("a worker imported the other side's library; aborting")
         meta = machine(tinfo, linfo)
         lines = header_lines(meta)
@@ -657,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         json_path.parent.mkdir(parents=True, exist_ok=True)
         if cfg.first_call:
-            cold = cold_first_call(shapes[0], logdir)
+            cold = cold_first_call(shapes[0], logdir, cfg)
             doc["cold_first_call"] = cold
             print(
                 f"jit      fresh process, empty Numba cache, {cold['shape']}: import "

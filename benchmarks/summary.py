@@ -22,9 +22,13 @@ def main(path: str) -> None:
     meta = data["meta"]
     print(f"Measured {meta['date'][:10]} on {meta['cpu']}, {meta['cpu_count']} cores; ", end="")
     tw = meta.get("torch_worker", {})
-    print(
-        f"PyTorch {tw.get('torch')} ({tw.get('num_threads')} threads), lstmgrad with NumPy's OpenBLAS.\n"
+    tensors = meta.get("lstmgrad_worker", {}).get("input") == "tensors"
+    lg_in = (
+        "torch tensors (its GEMMs on torch's oneDNN)"
+        if tensors
+        else "NumPy arrays (NumPy's OpenBLAS)"
     )
+    print(f"PyTorch {tw.get('torch')} ({tw.get('num_threads')} threads), lstmgrad given {lg_in}.\n")
     print(
         "| shape | PyTorch path | bwd: PyTorch ms | lstmgrad ms | speedup | fwd+bwd: PyTorch ms | lstmgrad ms | speedup | no-dx / full | no-dx speedup | GEMM-only |"
     )
@@ -46,7 +50,8 @@ def main(path: str) -> None:
             )
             n = s[nodx] if nodx else None
             nodx_cols = f"{r['derived']['nodx_over_full']:.2f} | {n['ratio']:.2f}x" if n else "| "
-            gemm = f"{r['derived']['gemm_frac_bwd']:.2f}" if nodx else ""
+            frac = r["derived"]["gemm_frac_bwd"]
+            gemm = "" if not nodx else "-" if math.isnan(frac) else f"{frac:.2f}"
             print(
                 f"| {sid} | {path} | {_fmt_ms(b['torch_ms'])} | {_fmt_ms(b['lg_ms'])} | "
                 f"{b['ratio']:.2f}x | {_fmt_ms(f['torch_ms'])} | {_fmt_ms(f['lg_ms'])} | "

@@ -1,6 +1,9 @@
 """Benchmark worker: lstmgrad. Never imports torch (NumPy's OpenBLAS and PyTorch's BLAS in one
 process were measured 35x slower), and imports lstmgrad only on its first request so that a
-fresh worker can time the import and the first calls.
+fresh worker can time the import and the first calls. With LSTMGRAD_BENCH_INPUT=tensors in its
+environment it gives the fast engine torch tensors instead (torch.from_numpy of the same
+arrays: lstmgrad then runs its GEMMs on torch's oneDNN / BLAS), imports torch and never runs a
+NumPy GEMM (no GEMM-only items; tracemalloc cannot see torch's memory: no memory figures).
 
 Started by benchmarks/run.py; speaks the JSON-lines protocol of _protocol.py. Timed items of
 the current shape (float32, the fast engine when ``impl`` exists):
@@ -28,6 +31,23 @@ from shapes import Shape, make_case
 
 STATE: dict[str, Any] = {}
 NODX = (False, True, True, True)
+INPUT = os.environ.get("LSTMGRAD_BENCH_INPUT", "arrays")
+if INPUT not in ("arrays", "tensors"):
+    raise SystemExit(f"LSTMGRAD_BENCH_INPUT must be 'arrays' or 'tensors', got {INPUT!r}")
+
+
+def _fast_in(value: Any, impl: str) -> Any:
+    """The fast engine's argument in this worker's input mode: NumPy arrays (lists of them)
+    as torch tensors over the same memory where INPUT == "tensors"; anything else unchanged."""
+    if INPUT != "tensors" or impl != "fused":
+        return value
+    if isinstance(value, np.ndarray):
+        import torch
+
+        return torch.from_numpy(value)
+    if isinstance(value, (list, tuple)):
+        return [_fast_in(v, impl) for v in value]
+    return value
 
 
 def _lg():
@@ -88,8 +108,14 @@ def info() -> dict:
         "lstmgrad_file": lg.__file__,
         "numpy": np.__version__,
         "impl": impls(),
+        "input": INPUT,
         "torch_imported": "torch" in sys.modules,
     }
+    if INPUT == "tensors":
+        import torch
+
+        out["torch"] = torch.__version__
+        out["torch_threads"] = torch.get_num_threads()
     try:
         cfg = np.show_config(mode="dicts")
         blas = cfg["Build Dependencies"]["blas"]
@@ -128,23 +154,23 @@ def _flags(sh: Shape) -> dict:
 
 
 def _forward(sh: Shape, c: dict, impl: str):
-    hx = [c["h0"], c["c0"]]
+    a = [_fast_in(c[k], impl) for k in ("x", "params", "h0", "c0", "batch_sizes")]
     return _lg().lstm_forward(
-        c["x"], c["params"], hx, c["batch_sizes"], **_flags(sh), train=True, **_kw("forward", impl)
+        a[0], a[1], a[2:4], a[4], **_flags(sh), train=True, **_kw("forward", impl)
     )
 
 
 def _backward(sh: Shape, c: dict, saved, impl: str, output_mask=None):
-    hx = [c["h0"], c["c0"]]
+    a = {k: _fast_in(c[k], impl) for k in ("x", "params", "h0", "c0", "dy", "dh", "dc")}
     return _lg().lstm_backward(
-        c["x"],
-        hx,
-        c["params"],
-        c["dy"],
-        c["dh"],
-        c["dc"],
-        *saved[:7],
-        c["batch_sizes"],
+        a["x"],
+        [a["h0"], a["c0"]],
+        a["params"],
+        a["dy"],
+        a["dh"],
+        a["dc"],
+        *(_fast_in(s, impl) for s in saved[:7]),
+        _fast_in(c["batch_sizes"], impl),
         **_flags(sh),
         output_mask=output_mask,
         **_kw("backward", impl),
@@ -285,6 +311,8 @@ def setup(shape: dict) -> dict:
     STATE.clear()
     sh = Shape.from_dict(shape)
     c = make_case(sh, "float32")
+    if INPUT == "tensors":  # converted once, outside the timed calls
+        c = {k: _fast_in(v, "fused") for k, v in c.items()}
     fwd = _forward(sh, c, "fused")
     STATE.update(shape=sh, case=c, fwd=fwd)
     items: dict[str, tuple] = {
@@ -292,7 +320,8 @@ def setup(shape: dict) -> dict:
         "bwd_nodx": (lambda _: _backward(sh, c, fwd.saved, "fused", NODX), None),
         "fwdbwd": (lambda _: _backward(sh, c, _forward(sh, c, "fused").saved, "fused"), None),
     }
-    items.update(_gemm_items(sh))
+    if INPUT == "arrays":  # (NumPy GEMMs beside torch's would distort both)
+        items.update(_gemm_items(sh))
     STATE["items"] = items
     return {"items": list(items), "torch_imported": "torch" in sys.modules}
 
@@ -331,9 +360,11 @@ def _traced(fn) -> tuple[Any, int, int]:
     return res, peak, _out_bytes(res)
 
 
-def memory() -> dict:
+def memory() -> dict | None:
     """tracemalloc peak of one call minus the bytes of its outputs (NumPy allocations only;
-    memory a compiled kernel allocates outside NumPy/Python is not seen)."""
+    memory a compiled kernel allocates outside NumPy/Python is not seen). None with tensors."""
+    if INPUT == "tensors":
+        return None
     sh, c, fwd = STATE["shape"], STATE["case"], STATE["fwd"]
     out = {}
     for name, fn in (
@@ -354,9 +385,13 @@ def first_call(shape: dict) -> dict:
     already = "lstmgrad" in sys.modules
     _lg()
     impls()
+    if INPUT == "tensors":  # part of the import cost in this mode
+        import torch  # noqa: F401
     t_import = time.perf_counter() - t0
     sh = Shape.from_dict(shape)
     c = make_case(sh, "float32")
+    if INPUT == "tensors":
+        c = {k: _fast_in(v, "fused") for k, v in c.items()}
     out: dict[str, Any] = {"import_s": t_import, "lstmgrad_was_imported": already}
     for k in (1, 2):
         t0 = time.perf_counter()
