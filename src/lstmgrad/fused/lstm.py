@@ -1,10 +1,13 @@
-"""The fused CPU engine: NumPy GEMMs around single-threaded Numba kernels.
+"""The fused CPU engine: GEMMs (NumPy's BLAS, or torch's for tensors: lstmgrad.gemm) around
+single-threaded Numba kernels.
 
 Per (layer, direction), the forward projects the input of all steps with one GEMM and then runs,
 per step, the recurrent GEMM and one kernel for the gate maths; the backward runs, per step, one
 kernel for the gate gradients (stored for all steps in one packed [N, 4H] buffer) and the
-recurrent GEMM, then after the loop one GEMM for dx, one for dW_ih and dW_hh together
-(dG^T @ [x | h_prev], K = N) and a reduction for the bias.
+recurrent GEMM, then after the loop one GEMM for dx, dW_ih and dW_hh (dG^T @ [x | h_prev],
+K = N) in the layout the GEMM library runs fastest (Gemm.weight_grad_layout: one GEMM from the
+rows of [x | h_prev], one from its transpose, or one each from the transpose of dG) and a
+reduction for the bias.
 
 Variable lengths: step t works on its active rows b < n_t only, "packed" at rows
 offsets[t] .. offsets[t] + n_t - 1 (N = sum n_t; without batch sizes packed == padded), so
