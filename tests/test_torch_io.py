@@ -242,6 +242,22 @@ def test_onednn_paths_are_taken_for_the_large_size():
 
 
 @pytest.mark.parametrize("size", ["onednn", "tn"])
+def test_weight_gradient_layouts_keep_float16_storage(size):
+    """float16 storage computes in float32 (SPEC 7): the weight gradients of the "nt" and "tn"
+    layouts come back float16, rounded, as the NumPy path's."""
+    x, hx, params, dy, kw = make(np.float16, **SIZES[size])
+    fw = lstmgrad.lstm_forward(x, params, hx, **kw)
+    want = lstmgrad.lstm_backward(x, hx, params, dy, None, None, *fw.saved[:7], **kw)
+    got = lstmgrad.lstm_backward(
+        tensors(x), tensors(hx), tensors(params), tensors(dy), None, None,
+        *[tensors(s) for s in fw.saved[:7]], **kw,
+    )  # fmt: skip
+    for g, w in zip([got.dx, *got.dparams], [want.dx, *want.dparams], strict=True):
+        assert g.dtype == torch.float16
+        assert_close(g.float(), w.astype(np.float32), 4e-3)  # a few float16 steps
+
+
+@pytest.mark.parametrize("size", ["onednn", "tn"])
 def test_weight_gradient_layouts_with_dropout_masks_and_any_lengths(size):
     """The "nt" and "tn" layouts of the weight gradient pack the layers' inputs their own way,
     dropout masks applied, for any batch_sizes (unsorted too): the same gradients as NumPy's

@@ -327,8 +327,10 @@ def lstm_backward(
             if dparams is not None and layout == "nt":
                 kernels.transpose_cols(dg_flat, dims.G, n_rows, 0, dims.G, dgt_flat)
                 dgt = _dense(dgt_buf, dims.G, n_rows)
-                dparams[dims.index(layer, d, W_IH)] = gemm.nt(dgt, xh)
-                dparams[dims.index(layer, d, W_HH)] = gemm.nt(dgt, hp)
+                # the GEMMs' own results; rounded to the storage dtype where it differs (float16)
+                dw_ih, dw_hh = gemm.nt(dgt, xh), gemm.nt(dgt, hp)
+                dparams[dims.index(layer, d, W_IH)] = dw_ih.astype(dtype, copy=False)
+                dparams[dims.index(layer, d, W_HH)] = dw_hh.astype(dtype, copy=False)
             elif dparams is not None:  # [4H, I_l + H]: dW_ih and dW_hh in one GEMM
                 if layout == "tn":
                     dw = gemm.tn(dg, _dense(xht_buf, width + hidden, n_rows))
