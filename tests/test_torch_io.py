@@ -242,6 +242,25 @@ def test_onednn_paths_are_taken_for_the_large_size():
 
 
 @pytest.mark.parametrize("size", ["onednn", "tn"])
+@pytest.mark.parametrize(
+    "mask", [(False, True, True, True), (True, False, False, True), (False, False, False, True)]
+)
+def test_weight_gradient_layouts_with_output_masks(size, mask):
+    """Only the requested outputs, equal to the reference's, whatever the layout."""
+    x, hx, params, dy, kw = make(np.float32, **SIZES[size])
+    fw = lstmgrad.lstm_forward(x, params, hx, **kw)
+    args = (x, hx, params, dy, hx[0], hx[1], *fw.saved[:7])
+    want = lstmgrad.lstm_backward(*args, output_mask=mask, impl="reference", **kw)
+    got = lstmgrad.lstm_backward(*[tensors(a) for a in args], output_mask=mask, **kw)
+    for name in ("dx", "dh_prev", "dc_prev"):
+        assert (getattr(got, name) is None) == (getattr(want, name) is None), name
+        if getattr(want, name) is not None:
+            assert_close(getattr(got, name), getattr(want, name), 2e-5)
+    for g, w in zip(got.dparams, want.dparams, strict=True):
+        assert_close(g, w, 2e-5)
+
+
+@pytest.mark.parametrize("size", ["onednn", "tn"])
 def test_weight_gradient_layouts_keep_float16_storage(size):
     """float16 storage computes in float32 (SPEC 7): the weight gradients of the "nt" and "tn"
     layouts come back float16, rounded, as the NumPy path's."""
