@@ -301,3 +301,33 @@ def test_weight_gradient_layouts_with_dropout_masks_and_any_lengths(size):
                            [ref.dx, ref.dh_prev, ref.dc_prev, *ref.dparams], strict=True):  # fmt: skip
             assert_close(g, w, 2e-5)
             assert_close(g, r, 2e-5)
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+@pytest.mark.parametrize("m,k,n", [(5, 7, 3), (64, 256, 512), (512, 64, 256)])
+def test_gemm_products_against_float64(lib, m, k, n):
+    """Every product of the Gemm interface (lstmgrad.gemm.Gemm) of both libraries equals
+    float64 matmul, small sizes (torch.mm) and oneDNN sizes alike; results C-contiguous."""
+    from lstmgrad.gemm import NUMPY_GEMM
+    from lstmgrad.tensors import TorchGemm
+
+    gemm = NUMPY_GEMM if lib == "numpy" else TorchGemm()
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+
+    def check(got, want):
+        assert got.shape == want.shape and got.dtype == np.float32
+        assert got.flags.c_contiguous
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+    out = np.full((m, n), np.nan, np.float32)
+    gemm(a, b, out=out)
+    check(out, want)
+    check(gemm.result(a, b, np.full((m, n), np.nan, np.float32)), want)
+    out[...] = np.nan
+    gemm.fixed(b, m)(a, out)
+    check(out, want)
+    check(gemm.nt(a, b), want)  # at @ b
+    check(gemm.tn(np.ascontiguousarray(a.T), np.ascontiguousarray(b.T)), want)  # (a^T)^T (b^T)^T

@@ -145,22 +145,28 @@ class TorchGemm:
             and _is_dense(b)
         )
 
+    def _onednn_product(self, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+        """a @ b as oneDNN's own new result where _use_onednn says so, else None."""
+        if not self._use_onednn(a, b, a.shape[0], _ONEDNN_MIN_MNK):
+            return None
+        ta, tb = self._torch.from_numpy(a), self._torch.from_numpy(b)
+        # a @ b = linear(a, weight=b^T)
+        return self._torch.ops.mkldnn._linear_pointwise(ta, tb.t(), None, "none", [], "").numpy()
+
     def __call__(self, a: np.ndarray, b: np.ndarray, /, *, out: np.ndarray) -> None:
-        torch = self._torch
-        ta, tb, tout = torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(out)
-        if self._use_onednn(a, b, a.shape[0], _ONEDNN_MIN_MNK):
-            # a @ b = linear(a, weight=b^T)
-            tout.copy_(torch.ops.mkldnn._linear_pointwise(ta, tb.t(), None, "none", [], ""))
+        product = self._onednn_product(a, b)
+        if product is not None:
+            np.copyto(out, product)
         else:
-            torch.mm(ta, tb, out=tout)
+            self._torch.mm(self._torch.from_numpy(a), self._torch.from_numpy(b),
+                           out=self._torch.from_numpy(out))  # fmt: skip
 
     def result(self, a: np.ndarray, b: np.ndarray, scratch: np.ndarray, /) -> np.ndarray:
         # oneDNN has no out= form: its own result, rather than a copy of it (a 13 MB copy is
         # ~1 ms here, 6% of the forward of BENCH med-3)
-        if self._use_onednn(a, b, a.shape[0], _ONEDNN_MIN_MNK):
-            torch = self._torch
-            ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-            return torch.ops.mkldnn._linear_pointwise(ta, tb.t(), None, "none", [], "").numpy()
+        product = self._onednn_product(a, b)
+        if product is not None:
+            return product
         self(a, b, out=scratch)
         return scratch
 
@@ -200,21 +206,18 @@ class TorchGemm:
         return "tn" if n >= g else "nt"
 
     def tn(self, a: np.ndarray, bt: np.ndarray, /) -> np.ndarray:
+        # (a.T @ bt.T)^T = bt @ a, transposed back by torch's copy (a fast one)
         torch = self._torch
-        ta, tbt = torch.from_numpy(a), torch.from_numpy(bt)
-        if self._use_onednn(bt, a, bt.shape[0], _ONEDNN_MIN_MNK):
-            # (a.T @ bt.T)^T = bt @ a = linear(bt, weight=a^T)
-            res_t = torch.ops.mkldnn._linear_pointwise(tbt, ta.t(), None, "none", [], "")
-        else:
-            res_t = torch.mm(tbt, ta)
-        return res_t.t().contiguous().numpy()
+        res_t = self._onednn_product(bt, a)
+        if res_t is None:
+            res_t = torch.mm(torch.from_numpy(bt), torch.from_numpy(a)).numpy()
+        return torch.from_numpy(res_t).t().contiguous().numpy()
 
     def nt(self, at: np.ndarray, b: np.ndarray, /) -> np.ndarray:
-        torch = self._torch
-        tat, tb = torch.from_numpy(at), torch.from_numpy(b)
-        if self._use_onednn(at, b, at.shape[0], _ONEDNN_MIN_MNK):
-            return torch.ops.mkldnn._linear_pointwise(tat, tb.t(), None, "none", [], "").numpy()
-        return torch.mm(tat, tb).numpy()
+        product = self._onednn_product(at, b)
+        if product is not None:
+            return product
+        return self._torch.mm(self._torch.from_numpy(at), self._torch.from_numpy(b)).numpy()
 
 
 def torch_gemm() -> TorchGemm:
