@@ -155,8 +155,8 @@ class TorchGemm:
 
     def __call__(self, a: np.ndarray, b: np.ndarray, /, *, out: np.ndarray) -> None:
         product = self._onednn_product(a, b)
-        if product is not None:
-            np.copyto(out, product)
+        if product is not None:  # torch's copy: multithreaded
+            self._torch.from_numpy(out).copy_(self._torch.from_numpy(product))
         else:
             self._torch.mm(self._torch.from_numpy(a), self._torch.from_numpy(b),
                            out=self._torch.from_numpy(out))  # fmt: skip
