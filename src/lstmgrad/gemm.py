@@ -8,16 +8,18 @@ from typing import Any, Protocol
 
 import numpy as np
 
-FixedGemm = Callable[[np.ndarray, np.ndarray], Any]  # (a, out): out = a @ b for a fixed b
+# (a, out) -> a @ b for a fixed b: in out, or in the library's own new result, returned
+FixedGemm = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 class Gemm(Protocol):
     """``gemm(a, b, out=c)``: c = a @ b (2-D, written in place, like np.matmul);
     ``gemm.result(a, b, scratch)``: a @ b in scratch, or in new memory where the library returns
     its own result faster than it copies it (the caller uses the returned array);
-    ``gemm.fixed(b, rows)``: the same product as a function of (a, out) for one b reused over many
-    calls with at most ``rows`` rows in a (the recurrent product of every step), which a library
-    may prepare for (a packed copy of b).
+    ``gemm.fixed(b, rows, calls)``: the same product as a function of (a, out) for one b reused
+    over about ``calls`` calls with at most ``rows`` rows in a (the recurrent product of every
+    step), which a library may prepare for (a packed copy of b, where the calls repay it); like ``result``, it returns the array holding the
+    product: out, or the library's own result where that saves a copy.
 
     The weight gradient dW = dG^T @ [x | h_prev] ([4H, N] x [N, I + H], N rows of all steps) is
     computed in the layout ``gemm.weight_grad_layout(dtype, n, g)`` names (n = T*B, g = 4H):
@@ -33,7 +35,7 @@ class Gemm(Protocol):
 
     def result(self, a: np.ndarray, b: np.ndarray, scratch: np.ndarray, /) -> np.ndarray: ...
 
-    def fixed(self, b: np.ndarray, rows: int) -> FixedGemm: ...
+    def fixed(self, b: np.ndarray, rows: int, calls: int) -> FixedGemm: ...
 
     def weight_grad_layout(self, dtype: np.dtype, n: int, g: int) -> str: ...
 
@@ -59,11 +61,11 @@ class NumpyGemm:
         # into the caller's (recycled) scratch: a new array pays its page faults every call
         return np.matmul(a, b, out=scratch)
 
-    def fixed(self, b: np.ndarray, rows: int) -> FixedGemm:
+    def fixed(self, b: np.ndarray, rows: int, calls: int) -> FixedGemm:
         b = np.ascontiguousarray(b)  # one layout for BLAS: results never depend on b's strides
 
-        def product(a: np.ndarray, out: np.ndarray) -> None:
-            np.matmul(a, b, out=out)
+        def product(a: np.ndarray, out: np.ndarray) -> np.ndarray:
+            return np.matmul(a, b, out=out)
 
         return product
 

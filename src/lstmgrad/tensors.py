@@ -112,6 +112,12 @@ def _is_dense(a: np.ndarray) -> bool:
 # 532 -> 336 us).
 _ONEDNN_MIN_MNK = 1 << 21
 _PACKED_MIN_MNK = 3 << 18
+# Packing a weight with more rows than columns (the backward's W_hh: dh = dG W_hh, K = 4H) is
+# slow: measured 1-4 ms for H = 512 and 5-15 ms for H = 1024 (4-15x the forward's W_hh^T, and the
+# new block's page faults slow the next forward too), against 55-400 us saved per product. In
+# whole forward + backward passes it paid from about 64 steps on (T = 100-250: 0.4-2.3 ms
+# saved) and cost up to 20% below (BENCH med-1, T = 25: 23.1 -> 18.5 ms unpacked).
+_PACK_WIDE_MIN_CALLS = 64
 
 
 class TorchGemm:
@@ -170,24 +176,30 @@ class TorchGemm:
         self(a, b, out=scratch)
         return scratch
 
-    def fixed(self, b: np.ndarray, rows: int) -> FixedGemm:
+    def fixed(self, b: np.ndarray, rows: int, calls: int) -> FixedGemm:
         torch = self._torch
         tb = torch.from_numpy(b)
         # a is not known yet: b stands in for its dtype, a dense a is made so per call below
         if not self._use_onednn(b, b, rows, _PACKED_MIN_MNK):
 
-            def plain(a: np.ndarray, out: np.ndarray) -> None:
+            def plain(a: np.ndarray, out: np.ndarray) -> np.ndarray:
                 torch.mm(torch.from_numpy(a), tb, out=torch.from_numpy(out))
+                return out
 
             return plain
         linear = torch.ops.mkldnn._linear_pointwise
-        packed = torch.ops.mkldnn._reorder_linear_weight(tb.t(), rows)
+        if b.shape[0] > b.shape[1] and calls < _PACK_WIDE_MIN_CALLS:
+            packed = tb.t()  # oneDNN on the weight as it is (see _PACK_WIDE_MIN_CALLS)
+        else:
+            packed = torch.ops.mkldnn._reorder_linear_weight(tb.t(), rows)
 
-        def onednn(a: np.ndarray, out: np.ndarray) -> None:
+        def onednn(a: np.ndarray, out: np.ndarray) -> np.ndarray:
             ta = torch.from_numpy(a)
             if not _is_dense(a):  # a reference kernel otherwise (see _is_dense)
                 ta = ta.contiguous()
-            torch.from_numpy(out).copy_(linear(ta, packed, None, "none", [], ""))
+            # oneDNN's own result: copying it into out cost 1-8 us a step here ([8, 512] to
+            # [32, 1024]), 3-10% of the step
+            return linear(ta, packed, None, "none", [], "").numpy()
 
         return onednn
 

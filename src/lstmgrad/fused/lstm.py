@@ -190,7 +190,8 @@ def lstm_forward(
             # W_ih would cost more on large H)
             w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd)  # [4H, I_l]
             w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd)  # [4H, H]
-            rec = None if transposed else gemm.fixed(w_hh.T, batch)  # h [n, H] -> [n, 4H]
+            # h [n, H] -> [n, 4H], once a step
+            rec = None if transposed else gemm.fixed(w_hh.T, batch, t_steps)
             bias = _bias(call, layer, d, cd)
             # [N, 4H]: every step's input projection at once
             gx = gemm.result(xp, w_ih.T, gx_buf[:n_rows])
@@ -203,14 +204,15 @@ def lstm_forward(
                 s_i, s_g, s_f, s_o, s_h, s_c, s_tc = acts_buf
                 y_d = layer_in[..., d * hidden : (d + 1) * hidden]  # free once xp is packed
             for t, n, off in st.walks[d]:
+                g_rec = gh
                 if n and rec is not None:
-                    rec(h[:n], gh[:n])  # [n, 4H]
+                    g_rec = rec(h[:n], gh[:n])  # [n, 4H], in gh or the library's own result
                 elif n:
                     gh_t = gh_t_buf[: 4 * hidden * n].reshape(4 * hidden, n)
                     gemm(w_hh, h[:n].T, out=gh_t)  # [4H, n]
                     kernels.transpose_into(gh, gh_t, n)
                 kernels.forward_step(
-                    gx[off : off + n], gh, bias, h, c, n,
+                    gx[off : off + n], g_rec, bias, h, c, n,
                     s_i[t], s_g[t], s_f[t], s_o[t], s_h[t], s_c[t], s_tc[t], y_d[t],
                 )  # fmt: skip
             hy[k], cy[k] = h, c  # rounding point (SPEC 7)
@@ -293,7 +295,7 @@ def lstm_backward(
             k = layer * dims.D + d
             w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd)  # [4H, I_l]
             w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd)  # [4H, H]
-            rec = gemm.fixed(w_hh, batch)  # dG [n, 4H] -> dh [n, H]
+            rec = gemm.fixed(w_hh, batch, t_steps)  # dG [n, 4H] -> dh [n, H]
             if cd == dtype:
                 s_i, s_g, s_f, s_o, s_h, s_c, s_tc = (_c(s[k], cd) for s in call.saved)
             else:
@@ -319,7 +321,10 @@ def lstm_backward(
                     s_i[t], s_g[t], s_f[t], s_o[t], s_tc[t], cp[off : off + n], dg[off : off + n], n,
                 )  # fmt: skip
                 if step < t_steps - 1 or need_dh:  # the last step's dh only feeds dh_prev
-                    rec(dg[off : off + n], dh[:n])
+                    dh_n = dh[:n]
+                    product = rec(dg[off : off + n], dh_n)
+                    if product is not dh_n:  # the library's own result
+                        np.copyto(dh_n, product)
             if dh_prev is not None:
                 dh_prev[k] = dh
             if dc_prev is not None:
