@@ -14,7 +14,11 @@ import numpy as np
 from .vmath import one, vsigmoid, vtanh
 
 # error_model="numpy": no zero-division checks, whose branches would stop vectorisation.
-_jit = numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+# fastmath "contract" only: a * b + c may become one fused multiply-add (one rounding instead of
+# two, never less accurate); measured 30% off the vectorised sigmoid and tanh (0.46 -> 0.32 and
+# 0.55 -> 0.38 ns per element here). No other fast-math flag: NaN, infinities and signed zeros
+# keep IEEE semantics and nothing is reassociated, so results stay deterministic.
+_jit = numba.njit(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
 
 
 # How these kernels stay vectorised (each measured here): every inner loop starts at 0 and
