@@ -114,10 +114,12 @@ _ONEDNN_MIN_MNK = 1 << 21
 _PACKED_MIN_MNK = 3 << 18
 # Packing a weight with more rows than columns (the backward's W_hh: dh = dG W_hh, K = 4H) is
 # slow: measured 1-4 ms for H = 512 and 5-15 ms for H = 1024 (4-15x the forward's W_hh^T, and the
-# new block's page faults slow the next forward too), against 55-400 us saved per product. In
-# whole forward + backward passes it paid from about 64 steps on (T = 100-250: 0.4-2.3 ms
-# saved) and cost up to 20% below (BENCH med-1, T = 25: 23.1 -> 18.5 ms unpacked).
-_PACK_WIDE_MIN_CALLS = 64
+# new block's page faults slow the next forward too), against 55-400 us saved per product. Its
+# cost grows with the weight, the time it saves with rows * calls * the weight: measured over
+# whole forward + backward passes, it paid from rows * calls of about 2048 on (T * B = 2400-8000:
+# 0.4-2.3 ms saved), was even at 1600 (BENCH large-2) and cost up to 20% below (med-1, 400:
+# 23.1 -> 18.5 ms unpacked; large-1, 800: 127 -> 121 ms).
+_PACK_WIDE_MIN_ROW_CALLS = 2048
 
 
 class TorchGemm:
@@ -188,8 +190,8 @@ class TorchGemm:
 
             return plain
         linear = torch.ops.mkldnn._linear_pointwise
-        if b.shape[0] > b.shape[1] and calls < _PACK_WIDE_MIN_CALLS:
-            packed = tb.t()  # oneDNN on the weight as it is (see _PACK_WIDE_MIN_CALLS)
+        if b.shape[0] > b.shape[1] and rows * calls < _PACK_WIDE_MIN_ROW_CALLS:
+            packed = tb.t()  # oneDNN on the weight as it is (see _PACK_WIDE_MIN_ROW_CALLS)
         else:
             packed = torch.ops.mkldnn._reorder_linear_weight(tb.t(), rows)
 
