@@ -161,3 +161,28 @@ def test_gradient_of_a_forward_that_saved_nothing_raises_clearly():
     y = OPS.lstm_forward(x, ps, h0, c0, bs, None, *flags)[0]
     with pytest.raises(RuntimeError, match="no gradient without saved activations"):
         y.sum().backward()
+
+
+@pytest.mark.parametrize("rows", [4, 64])  # 4 * 6 * 4 bytes: copied; 64 * 48 * 4: viewed
+def test_saved_stacking_is_exact(rows):
+    """The forward op's [7, L*D, T, B, H] saved tensor: a view of the engine's block where its
+    arrays lie back to back and are large, a copy otherwise (small ones, or any other layout),
+    and np.stack's values in every case."""
+    import numpy as np
+
+    from lstmgrad.torch_ops import _STACK_COPY_MAX_BYTES, _stacked
+    from lstmgrad.workspace import block
+
+    cols = 6 if rows == 4 else 48
+    arrays = block([(rows, cols)] * 5, np.float32)
+    for j, a in enumerate(arrays):
+        a[...] = np.arange(a.size, dtype=np.float32).reshape(a.shape) + 1000 * j
+    large = arrays[0].nbytes > _STACK_COPY_MAX_BYTES
+    assert large == (rows == 64)
+    got = _stacked(arrays)
+    np.testing.assert_array_equal(got, np.stack(arrays))
+    assert np.shares_memory(got, arrays[0]) == large
+    swapped = [arrays[0], arrays[2], arrays[1], arrays[3], arrays[4]]  # same block, out of order
+    got = _stacked(swapped)
+    np.testing.assert_array_equal(got, np.stack(swapped))
+    assert not np.shares_memory(got, arrays[0])

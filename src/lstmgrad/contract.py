@@ -266,6 +266,12 @@ def check_array(
     return a
 
 
+def _valid(a: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
+    """Whether ``check_array`` would accept ``a`` (its fast path, for long lists: it spares
+    formatting a label per element, ~2 us each)."""
+    return isinstance(a, np.ndarray) and a.dtype == dtype and a.shape == shape
+
+
 def _check_input_array(fn: str, x: Any) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         raise LstmInvalidArgumentError(
@@ -347,6 +353,9 @@ def check_params(fn: str, params: list[Any], dims: Dims, dtype: np.dtype) -> lis
             shape, legend = (dims.G, dims.H), "4H, H"
         else:  # B_IH or B_HH
             shape, legend = (dims.G,), "4H"
+        if _valid(p, shape, dtype):
+            out.append(p)
+            continue
         label = f"params[{j}] ({param_name(j, dims.D, dims.has_bias)})"
         out.append(check_array(fn, label, p, shape, legend, dtype, param="params"))
     return out
@@ -509,7 +518,9 @@ def check_backward(
     act_shape = (steps, batch, hidden)
     saved_checked = tuple(
         [
-            check_array(fn, f"{n}[{j}]", a, act_shape, "T, B, H", dtype, param=n)
+            a
+            if _valid(a, act_shape, dtype)
+            else check_array(fn, f"{n}[{j}]", a, act_shape, "T, B, H", dtype, param=n)
             for j, a in enumerate(lst)
         ]
         for n, lst in zip(SAVED_NAMES, saved_lists, strict=True)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .errors import LstmInvalidArgumentError
+from .fused.kernels import matmul_into
 from .gemm import FixedGemm
 
 
@@ -49,14 +50,20 @@ def tensor_to_numpy(fn: str, name: str, value: Any, param: str | None = None) ->
     Raises 161002 for a tensor the core cannot read: not on the CPU, or of a dtype NumPy has no
     equivalent for (bfloat16, ...); every other dtype is checked by the contract as usual.
     """
-    if not is_tensor(value):
+    torch = _torch()
+    if torch is None or not isinstance(value, torch.Tensor):
         return value
+    if value.is_cpu and value.layout == torch.strided:
+        try:  # the common case first (lazy neg/conj views and odd dtypes raise here)
+            return (value.detach() if value.requires_grad else value).numpy()
+        except (TypeError, RuntimeError):
+            pass  # sorted out below, with the error the contract names
     param = param or name
     if not value.is_cpu:
         raise LstmInvalidArgumentError(
             f"{fn}: {name} must be a CPU tensor, got a tensor on {value.device}", param
         )
-    if value.layout != _torch().strided:
+    if value.layout != torch.strided:
         raise LstmInvalidArgumentError(
             f"{fn}: {name} must be a dense (strided) tensor, got layout {value.layout}", param
         )
@@ -112,6 +119,11 @@ def _is_dense(a: np.ndarray) -> bool:
 # 532 -> 336 us).
 _ONEDNN_MIN_MNK = 1 << 21
 _PACKED_MIN_MNK = 3 << 18
+# Up to this m*n*k a recurrent product runs in a Numba loop (fused.kernels.matmul_into): torch.mm
+# costs ~5 us a call whatever the size below ~2^17, the loop 0.9 us for [12, 16] x [16, 64] and
+# 2.9 us for [12, 64] x [64, 16] (BENCH small-1's forward and backward products; 5.5 and 5.2 us
+# with torch.mm), and it ties torch.mm from about 2^17 on.
+_TINY_MAX_MNK = 1 << 16
 # Packing a weight with more rows than columns (the backward's W_hh: dh = dG W_hh, K = 4H) is
 # slow: measured 1-4 ms for H = 512 and 5-15 ms for H = 1024 (4-15x the forward's W_hh^T, and the
 # new block's page faults slow the next forward too), against 55-400 us saved per product. Its
@@ -180,6 +192,14 @@ class TorchGemm:
 
     def fixed(self, b: np.ndarray, rows: int, calls: int) -> FixedGemm:
         torch = self._torch
+        if rows * b.shape[0] * b.shape[1] <= _TINY_MAX_MNK:
+            bc = np.ascontiguousarray(b)  # the loop reads b by rows
+
+            def tiny(a: np.ndarray, out: np.ndarray) -> np.ndarray:
+                matmul_into(a, bc, out)
+                return out
+
+            return tiny
         tb = torch.from_numpy(b)
         # a is not known yet: b stands in for its dtype, a dense a is made so per call below
         if not self._use_onednn(b, b, rows, _PACKED_MIN_MNK):

@@ -35,6 +35,24 @@ def _copy(dst, src):  # pragma: no cover
 
 
 @_jit
+def matmul_into(a, b, out):  # pragma: no cover
+    """out = a @ b for tiny products (a [m, k] any strides, b [k, n] and out [m, n] C-contiguous):
+    row by row, each row of out accumulated over k in order (deterministic), vectorised along n.
+    """
+    m, k = a.shape
+    n = b.shape[1]
+    for i in range(m):
+        o = out[i]
+        for j in range(n):
+            o[j] = 0.0
+        for p in range(k):
+            av = a[i, p]
+            b_p = b[p]
+            for j in range(n):
+                o[j] += av * b_p[j]
+
+
+@_jit
 def transpose_into(dst, src, n):  # pragma: no cover
     """dst[:n, :] = src[:, :n].T in 16 x 16 tiles (src [W, >=n] C-contiguous, dst [>=n, W])."""
     width = src.shape[0]
