@@ -335,3 +335,14 @@ def test_gemm_products_against_float64(lib, m, k, n):
         assert got is out or np.isnan(out).all()  # out, or the library's own result
     check(gemm.nt(a, b), want)  # at @ b
     check(gemm.tn(np.ascontiguousarray(a.T), np.ascontiguousarray(b.T)), want)  # (a^T)^T (b^T)^T
+
+
+def test_lazy_negation_views_are_read_as_their_values():
+    """A tensor with the negative bit set (a lazy view torch.Tensor.numpy refuses) is read as
+    the values it stands for, like any other tensor."""
+    x, hx, params, dy, kw = make(np.float64)
+    neg_view = torch.from_numpy(-x)._neg_view()  # holds -x in memory, reads as x
+    assert neg_view.is_neg()
+    got = lstmgrad.lstm_forward(neg_view, tensors(params), tensors(hx), **kw)
+    want = lstmgrad.lstm_forward(x, params, hx, **kw)
+    assert_close(got.output, want.output, 1e-12)
