@@ -1,14 +1,17 @@
 """Full training step, lstmgrad.nn.LSTM vs torch.nn.LSTM on CPU, each side in its own process.
 
-    python benchmarks/train_step.py [--shapes id,id] [--rounds N] [--quick] [--json P] [--png P]
+    python benchmarks/train_step.py [--shapes id,id] [--rounds N] [--processes P] [--quick]
+                                    [--json P] [--png P]
 
 One step = zero_grad, forward of Linear(I, I) -> LSTM -> Linear(D*H, 64), cross-entropy over the
 valid time steps, backward, SGD(lr=1e-3, momentum=0.9).step(). Both workers run
 benchmarks/worker_train.py (``--impl torch``, which never imports lstmgrad, and ``--impl
 lstmgrad``); this parent imports neither torch nor lstmgrad. It first checks, on a scaled-down
 version of every shape, that three steps give the same losses and LSTM weights on both sides
-(exit 2 otherwise), then times interleaved batches (torch, lstmgrad, [torch padded], the order
-flipped every round) and reports medians and the median of the per-round ratios.
+(exit 2 otherwise), then times each shape in several fresh pairs of workers (a process's speed
+varies from process to process), interleaved batches in each (torch, lstmgrad, [torch padded],
+the order flipped every round), and reports medians and the median of the per-round ratios over
+all of them.
 See benchmarks/README.md, section "Training step".
 """
 
@@ -44,7 +47,8 @@ WORKER = HERE / "worker_train.py"
 
 @dataclass
 class Config:
-    rounds: int
+    rounds: int  # timed rounds of a shape, over all its worker pairs
+    processes: int  # fresh worker pairs per shape (each process's speed varies: see main)
     target_s: float  # aimed seconds of timed steps per batch
     warmup_steps: int
     min_reps: int  # steps per batch, at least
@@ -169,8 +173,11 @@ def gate(tw: Worker, lw: Worker) -> tuple[dict, list[str]]:
 # measurement
 
 
-def measure_shape(sh: Shape, tw: Worker, lw: Worker, cfg: Config, share_s: float) -> dict:
-    """Warm-up, calibration, interleaved rounds and a profile of one shape."""
+def measure_in(
+    sh: Shape, tw: Worker, lw: Worker, cfg: Config, share_s: float, n_rounds: int
+) -> dict:
+    """Warm-up, calibration, ``n_rounds`` interleaved rounds and a profile of one shape in one
+    pair of workers."""
     t_start = time.perf_counter()
     tset = tw.call("setup", shape=sh.to_dict(), seed=SEED)
     lset = lw.call("setup", shape=sh.to_dict(), seed=SEED)
@@ -226,7 +233,7 @@ def measure_shape(sh: Shape, tw: Worker, lw: Worker, cfg: Config, share_s: float
 
     rounds: list[dict] = []
     discarded: list[dict] = []
-    for r in range(cfg.rounds):
+    for r in range(n_rounds):
         seq = plan if r % 2 == 0 else plan[::-1]
         for attempt in range(cfg.max_retries + 1):
             got = {f"{s}:{i}": batch(s, i, reps[f"{s}:{i}"]) for s, i in seq}
@@ -238,6 +245,41 @@ def measure_shape(sh: Shape, tw: Worker, lw: Worker, cfg: Config, share_s: float
         rounds.append(got)
 
     prof = {f"{s}:{i}": workers[s].call("profile", item=i, steps=3) for s, i in plan}
+    return {
+        "paths": {"torch": tset["paths"], "lstmgrad": lset["paths"]},
+        "weights_hash": tset["hash"],
+        "warmup": warm,
+        "reps": reps,
+        "rounds": rounds,
+        "discarded": discarded,
+        "profile": prof,
+        "elapsed_s": time.perf_counter() - t_start,
+    }
+
+
+def measure_shape(
+    sh: Shape, cfg: Config, share_s: float, logdir: Path, threads: int | None
+) -> dict:
+    """One shape timed in ``cfg.processes`` fresh pairs of workers, its rounds pooled.
+
+    A process's speed on a shape varies from process to process, for both sides (measured:
+    torch.nn.LSTM forward + backward of med-1 17.7-24.7 ms in eight fresh processes, lstmgrad
+    18.4-19.2 ms): with one pair the table would report one draw of each."""
+    t_start = time.perf_counter()
+    per = math.ceil(cfg.rounds / cfg.processes)
+    parts = []
+    for _ in range(cfg.processes):
+        tw = TrainWorker("torch", logdir / "torch.log", threads)
+        lw = TrainWorker("lstmgrad", logdir / "lstmgrad.log", threads)
+        try:
+            part = measure_in(sh, tw, lw, cfg, share_s / cfg.processes, per)
+        finally:
+            tw.close()
+            lw.close()
+        parts.append(part)
+    rounds = [rd for part in parts for rd in part["rounds"]]
+    discarded = [rd for part in parts for rd in part["discarded"]]
+    tset_paths = parts[0]["paths"]["torch"]
 
     def ms(key: str) -> list[float]:
         return [1e3 * med(rd[key]["s"]) for rd in rounds]
@@ -245,7 +287,7 @@ def measure_shape(sh: Shape, tw: Worker, lw: Worker, cfg: Config, share_s: float
     t_ms, l_ms = ms("torch:step"), ms("lstmgrad:step")
     ratios = [a / b for a, b in zip(t_ms, l_ms, strict=True)]
     summary: dict[str, Any] = {
-        "torch_path": tset["paths"]["step"]["path"],
+        "torch_path": tset_paths["step"]["path"],
         "torch_ms": med(t_ms),
         "lstmgrad_ms": med(l_ms),
         "speedup": med(ratios),
@@ -257,14 +299,18 @@ def measure_shape(sh: Shape, tw: Worker, lw: Worker, cfg: Config, share_s: float
         "rounds": len(rounds),
         "noisy_rounds": sum(any(b["noisy"] for b in rd.values()) for rd in rounds),
         "redone_rounds": len(discarded),
-        # the shape's first step in a warm worker (the gate already compiled the kernels)
-        "first_step_ms": {k: 1e3 * v[0]["s"][0] for k, v in warm.items()},
+        "processes": cfg.processes,
+        "process_round": [p for p, part in enumerate(parts) for _ in part["rounds"]],
+        # the shape's first step in each fresh worker (kernels cached on disk by the gate)
+        "first_step_ms": {
+            k: [1e3 * part["warmup"][k][0]["s"][0] for part in parts] for k in parts[0]["warmup"]
+        },
     }
     if sh.varlen:
         p_ms = ms("torch:padded")
         pr = [a / b for a, b in zip(p_ms, l_ms, strict=True)]
         summary.update(
-            padded_path=tset["paths"]["padded"]["path"],
+            padded_path=tset_paths["padded"]["path"],
             padded_ms=med(p_ms),
             padded_speedup=med(pr),
             padded_speedup_min=min(pr),
@@ -278,13 +324,13 @@ def measure_shape(sh: Shape, tw: Worker, lw: Worker, cfg: Config, share_s: float
         "shape": sh.to_dict(),
         "label": sh.label(),
         "lengths": sh.lengths().tolist() if sh.varlen else None,
-        "paths": {"torch": tset["paths"], "lstmgrad": lset["paths"]},
-        "weights_hash": tset["hash"],
-        "warmup": warm,
-        "reps": reps,
+        "paths": parts[0]["paths"],
+        "weights_hash": parts[0]["weights_hash"],
+        "warmup": [part["warmup"] for part in parts],
+        "reps": [part["reps"] for part in parts],
         "rounds": rounds,
         "discarded": discarded,
-        "profile": prof,
+        "profile": parts[0]["profile"],
         "summary": summary,
         "elapsed_s": time.perf_counter() - t_start,
     }
@@ -468,7 +514,13 @@ def plot(results: list[dict], path: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", help="comma-separated shape ids (default: all 12)")
-    ap.add_argument("--rounds", type=int, help="timed rounds (default 5; 2 with --quick)")
+    ap.add_argument("--rounds", type=int, help="timed rounds per shape (default 6; 2 with --quick)")
+    ap.add_argument(
+        "--processes",
+        type=int,
+        help="fresh worker pairs per shape, the rounds split among them (default 3; 1 with "
+        "--quick)",
+    )
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 rounds, short batches")
     ap.add_argument(
         "--json", type=Path, help="results (default benchmarks/results/train-<date>-<time>.json)"
@@ -498,7 +550,8 @@ def main(argv: list[str] | None = None) -> int:
 
     shapes = select(args.shapes)
     cfg = Config(
-        rounds=args.rounds or (2 if args.quick else 5),
+        rounds=args.rounds or (2 if args.quick else 6),
+        processes=max(1, args.processes or (1 if args.quick else 3)),
         target_s=args.target_s or (0.1 if args.quick else 0.5),
         warmup_steps=1 if args.quick else 3,
         min_reps=1 if args.quick else 3,
@@ -547,15 +600,17 @@ def main(argv: list[str] | None = None) -> int:
             "gate": gate_res,
             "results": results,
         }
+        tw.close()  # each shape gets fresh workers (measure_shape)
+        lw.close()
         print(
-            f"timing   {len(shapes)} shapes, {cfg.rounds} rounds, ~{cfg.target_s:g} s per batch, "
-            f"pause {cfg.pause_s:g} s",
+            f"timing   {len(shapes)} shapes, {cfg.rounds} rounds in {cfg.processes} fresh worker "
+            f"pairs each, ~{cfg.target_s:g} s per batch, pause {cfg.pause_s:g} s",
             flush=True,
         )
         t_timing = time.perf_counter()
         for k, sh in enumerate(shapes):
             left = max(0.0, cfg.budget_s - (time.perf_counter() - t_timing))
-            res = measure_shape(sh, tw, lw, cfg, left / (len(shapes) - k))
+            res = measure_shape(sh, cfg, left / (len(shapes) - k), logdir, args.threads)
             results.append(res)
             s = res["summary"]
             extra = f", vs padded {s['padded_speedup']:.2f}x" if sh.varlen else ""
