@@ -141,7 +141,8 @@ class TorchGemm:
     kernel torch's own fused ops use; the fixed recurrent weight packed once with
     ``torch.ops.mkldnn._reorder_linear_weight``) where this torch build has it: torch.mm's BLAS
     (MKL in the PyPI wheels) measured 1.7-2.3x slower here on the LSTM's shapes (AMD EPYC).
-    Everything else uses torch.mm.
+    Tiny recurrent products (m*n*k <= 2^16, very small models) run in a Numba loop on the same
+    memory; everything else uses torch.mm.
     """
 
     transposed_forward = False  # measured: the packed recurrent weight beats W_hh h^T here
