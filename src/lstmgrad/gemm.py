@@ -18,8 +18,9 @@ class Gemm(Protocol):
     its own result faster than it copies it (the caller uses the returned array);
     ``gemm.fixed(b, rows, calls)``: the same product as a function of (a, out) for one b reused
     over about ``calls`` calls with at most ``rows`` rows in a (the recurrent product of every
-    step), which a library may prepare for (a packed copy of b, where the calls repay it); like ``result``, it returns the array holding the
-    product: out, or the library's own result where that saves a copy.
+    step), which a library may prepare for (a packed copy of b, where the calls repay it); like
+    ``result``, it returns the array holding the product: out, or the library's own result where
+    that saves a copy.
 
     The weight gradient dW = dG^T @ [x | h_prev] ([4H, N] x [N, I + H], N rows of all steps) is
     computed in the layout ``gemm.weight_grad_layout(dtype, n, g)`` names (n = T*B, g = 4H):
