@@ -346,3 +346,33 @@ def test_lazy_negation_views_are_read_as_their_values():
     got = lstmgrad.lstm_forward(neg_view, tensors(params), tensors(hx), **kw)
     want = lstmgrad.lstm_forward(x, params, hx, **kw)
     assert_close(got.output, want.output, 1e-12)
+
+
+def test_backward_recurrent_product_packed_for_long_runs():
+    """The backward's recurrent weight is packed for oneDNN only where rows * steps repay it
+    (tensors._PACK_WIDE_MIN_ROW_CALLS): a run long enough takes the packed path, and its
+    gradients equal NumPy's GEMMs' and the reference's, dense and with unsorted lengths."""
+    from lstmgrad.tensors import _PACK_WIDE_MIN_ROW_CALLS, _PACKED_MIN_MNK, TorchGemm
+
+    if not TorchGemm()._onednn:
+        pytest.skip("this torch build has no oneDNN linear")
+    t, b, i, h = 130, 16, 32, 128
+    assert b * t >= _PACK_WIDE_MIN_ROW_CALLS and b * 4 * h * h >= _PACKED_MIN_MNK
+    t_o, b_o = SIZES["onednn"]["t"], SIZES["onednn"]["b"]
+    assert b_o * t_o < _PACK_WIDE_MIN_ROW_CALLS  # "onednn" covers the unpacked path
+    x, hx, params, dy, kw = make(np.float32, num_layers=1, t=t, b=b, i=i, h=h)
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, t + 1, b)
+    bs = np.array([(lengths > s).sum() for s in range(t)], dtype=np.int64)
+    for batch_sizes in (None, bs):
+        xs, dys = (x, dy) if batch_sizes is None else (x.reshape(t * b, -1), dy.reshape(t * b, -1))
+        fw = lstmgrad.lstm_forward(xs, params, hx, batch_sizes, **kw)
+        args = (xs, hx, params, dys, hx[0], hx[1], *fw.saved[:7], batch_sizes)
+        want = lstmgrad.lstm_backward(*args, **kw)
+        ref = lstmgrad.lstm_backward(*args, impl="reference", **kw)
+        got = lstmgrad.lstm_backward(*[tensors(a) for a in args], **kw)
+        for g, w, r in zip([got.dx, got.dh_prev, got.dc_prev, *got.dparams],
+                           [want.dx, want.dh_prev, want.dc_prev, *want.dparams],
+                           [ref.dx, ref.dh_prev, ref.dc_prev, *ref.dparams], strict=True):  # fmt: skip
+            assert_close(g, w, 2e-5)
+            assert_close(g, r, 2e-5)
