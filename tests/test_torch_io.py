@@ -260,10 +260,11 @@ def test_weight_gradient_layouts_with_output_masks(size, mask):
         assert_close(g, w, 2e-5)
 
 
-@pytest.mark.parametrize("size", ["onednn", "tn"])
+@pytest.mark.parametrize("size", ["small", "onednn", "tn"])
 def test_weight_gradient_layouts_keep_float16_storage(size):
     """float16 storage computes in float32 (SPEC 7): the weight gradients of the "nt" and "tn"
-    layouts come back float16, rounded, as the NumPy path's."""
+    layouts (and of "small": tiny recurrent products in the Numba loop) come back float16,
+    rounded, as the NumPy path's."""
     x, hx, params, dy, kw = make(np.float16, **SIZES[size])
     fw = lstmgrad.lstm_forward(x, params, hx, **kw)
     want = lstmgrad.lstm_backward(x, hx, params, dy, None, None, *fw.saved[:7], **kw)
