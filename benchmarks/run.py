@@ -29,7 +29,15 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _machine import CpuWatch, machine, med, rel_err  # noqa: E402
+from _machine import (  # noqa: E402
+    CpuWatch,
+    add_noise_options,
+    machine,
+    med,
+    rel_err,
+    save_figure,
+    speedup_axis,
+)
 from _protocol import Worker, WorkerError, decode, encode  # noqa: E402
 from shapes import SHAPES, Shape, make_case, select  # noqa: E402
 
@@ -577,24 +585,14 @@ def plot(results: list[dict], path: Path, title: str) -> None:
                 ha="center",
                 fontsize=7,
             )
-    ax.set_yscale("log")
     ends = [v - e[0] for v, e in zip(bwd + fb, bwd_err + fb_err, strict=True)]
     ends += [v + e[1] for v, e in zip(bwd + fb, bwd_err + fb_err, strict=True)]
-    lo = min([*ends, 1.0]) / 1.3
-    hi = max([*ends, 1.0]) * 1.3
-    ax.set_ylim(lo, hi)
-    ticks = [t for t in (0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32) if lo <= t <= hi]
-    ax.set_yticks(ticks, [f"{t:g}x" for t in ticks])
-    ax.minorticks_off()
-    ax.axhline(1.0, color="k", lw=1, ls="--")
+    speedup_axis(ax, min([*ends, 1.0]) / 1.3, max([*ends, 1.0]) * 1.3)
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel("speedup over PyTorch (torch ms / lstmgrad ms)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -619,25 +617,9 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds of timed work per batch (default 0.5; 0.05 with --quick)",
     )
     ap.add_argument(
-        "--pause-s", type=float, default=0.2, help="pause between requests (default 0.2)"
-    )
-    ap.add_argument(
         "--no-first-call", action="store_true", help="skip the fresh-process first-call latency"
     )
-    ap.add_argument(
-        "--noise-cores",
-        type=float,
-        default=0.25,
-        help="redo a pair when other processes used more than this many cores (default 0.25)",
-    )
-    ap.add_argument("--max-retries", type=int, default=2, help="redos per pair (default 2)")
-    ap.add_argument(
-        "--budget-s",
-        type=float,
-        default=780.0,
-        help="seconds for the timings of all shapes: redos stop once a shape has used its "
-        "share (default 780)",
-    )
+    add_noise_options(ap, "pair", 780.0)
     ap.add_argument(
         "--lstmgrad-input",
         choices=("arrays", "tensors"),

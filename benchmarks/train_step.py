@@ -34,7 +34,15 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _machine import CpuWatch, machine, med, rel_err  # noqa: E402
+from _machine import (  # noqa: E402
+    CpuWatch,
+    add_noise_options,
+    machine,
+    med,
+    rel_err,
+    save_figure,
+    speedup_axis,
+)
 from _protocol import Worker, WorkerError, decode  # noqa: E402
 from shapes import SHAPES, Shape, select  # noqa: E402
 
@@ -484,13 +492,7 @@ def plot(results: list[dict], path: Path, title: str) -> None:
     # log scale, limits from the medians: one wild round (a busy machine) must not flatten
     # the chart; its error bar is clipped at the edge instead
     meds = [s[f"{pre}speedup"] for _, s, pre in bars]
-    lo, hi = min([*meds, 1.0]) / 2, max([*meds, TARGET_VARLEN]) * 2
-    ax.set_yscale("log")
-    ax.set_ylim(lo, hi)
-    ticks = [t for t in (0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32) if lo <= t <= hi]
-    ax.set_yticks(ticks, [f"{t:g}x" for t in ticks])
-    ax.minorticks_off()
-    ax.axhline(1.0, color="k", lw=1, ls="--")
+    speedup_axis(ax, min([*meds, 1.0]) / 2, max([*meds, TARGET_VARLEN]) * 2)
     handles = [Patch(color="tab:blue", label="dense: vs torch (oneDNN)")]
     if has_pad:
         ax.axhline(TARGET_VARLEN, color="tab:orange", lw=0.8, ls=":")
@@ -502,10 +504,7 @@ def plot(results: list[dict], path: Path, title: str) -> None:
     ax.set_xticks(x, labels, fontsize=8, rotation=30)
     ax.set_ylabel("speedup (torch ms / lstmgrad ms per step)")
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -529,20 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--target-s", type=float, help="seconds of steps per batch (default 0.5; 0.1 quick)"
     )
-    ap.add_argument("--pause-s", type=float, default=0.2, help="pause after each batch (0.2)")
-    ap.add_argument(
-        "--noise-cores",
-        type=float,
-        default=0.25,
-        help="redo a round when other processes used more than this many cores (0.25)",
-    )
-    ap.add_argument("--max-retries", type=int, default=2, help="redos per round (default 2)")
-    ap.add_argument(
-        "--budget-s",
-        type=float,
-        default=600.0,
-        help="seconds for the timings of all shapes; redos stop once a shape used its share",
-    )
+    add_noise_options(ap, "round", 600.0)
     ap.add_argument(
         "--threads", type=int, help="torch.set_num_threads in both workers (default: torch's)"
     )
