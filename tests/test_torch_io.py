@@ -377,3 +377,52 @@ def test_backward_recurrent_product_packed_for_long_runs():
                            [ref.dx, ref.dh_prev, ref.dc_prev, *ref.dparams], strict=True):  # fmt: skip
             assert_close(g, w, 2e-5)
             assert_close(g, r, 2e-5)
+
+
+@pytest.mark.parametrize(
+    "dtype,rtol", [(np.float64, 1e-12), (np.float32, 2e-5)], ids=["f64", "f32"]
+)
+@pytest.mark.parametrize(
+    "case", ["dense", "lengths-with-empty-steps", "no-dy", "dh-prev-off"]
+)  # fmt: skip
+def test_bidirectional_pair_walks(monkeypatch, dtype, rtol, case):
+    """Small bidirectional layers walk both directions at once in Numba (fused.walks) when
+    given tensors: taken here, and equal to NumPy's path (one direction at a time through
+    NumPy's BLAS) and to the reference, with any batch sizes (empty steps included), without
+    dy, and without dh_prev."""
+    from lstmgrad.fused import walks
+    from lstmgrad.tensors import TorchGemm
+
+    if not walks.pairs_available():
+        pytest.skip("Numba's threading layer here is not OpenMP: no pair walks")
+    taken = []
+    for name in ("forward_walk_pair", "backward_walk_pair"):
+        fn = getattr(walks, name)
+        monkeypatch.setattr(walks, name, lambda *a, _f=fn, _n=name: (taken.append(_n), _f(*a)))
+    t, b, i, h = 6, 4, 5, 7
+    assert TorchGemm().walk_pairs(np.dtype(dtype), b, h)
+    x, hx, params, dy, kw = make(dtype, num_layers=2, t=t, b=b, i=i, h=h)
+    bs = None
+    if case == "lengths-with-empty-steps":
+        bs = np.array([4, 0, 3, 3, 0, 1], dtype=np.int64)
+        x, dy = x.reshape(t * b, -1), dy.reshape(t * b, -1)
+    fw_np = lstmgrad.lstm_forward(x, params, hx, bs, **kw)
+    fw_t = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), tensors(bs), **kw)
+    for got, want in zip(fw_t[:3], fw_np[:3], strict=True):
+        assert_close(got, want, rtol)
+    dy_arg = None if case == "no-dy" else dy
+    dh = hx[0] if case == "no-dy" else None  # some gradient must flow
+    mask = (True, False, True, True) if case == "dh-prev-off" else None
+    args = (x, hx, params, dy_arg, dh, None, *fw_np.saved[:7], bs)
+    want = lstmgrad.lstm_backward(*args, output_mask=mask, **kw)
+    ref = lstmgrad.lstm_backward(*args, output_mask=mask, impl="reference", **kw)
+    got = lstmgrad.lstm_backward(*[tensors(a) for a in args], output_mask=mask, **kw)
+    assert taken == ["forward_walk_pair"] * 2 + ["backward_walk_pair"] * 2  # 2 layers
+    for name in ("dx", "dh_prev", "dc_prev"):
+        assert (getattr(got, name) is None) == (getattr(want, name) is None), name
+        if getattr(want, name) is not None:
+            assert_close(getattr(got, name), getattr(want, name), rtol)
+            assert_close(getattr(got, name), getattr(ref, name), max(rtol, 1e-5))
+    for g, w, r in zip(got.dparams, want.dparams, ref.dparams, strict=True):
+        assert_close(g, w, rtol)
+        assert_close(g, r, max(rtol, 1e-5))

@@ -262,7 +262,11 @@ def aclnnLSTMGetWorkspaceSize(
                     ]
                 )
         call.train = train  # checked with train=False above so that dropout stays ignored
-        size = workspace_bytes(ENGINES[DEFAULT_IMPL].forward_workspace_slots(dims, dtype))
+        # the engine's scratch depends on the GEMM library (fused.lstm.forward_workspace_slots)
+        gemm_kw = {} if gemm is None else {"gemm": gemm}
+        size = workspace_bytes(
+            ENGINES[DEFAULT_IMPL].forward_workspace_slots(dims, dtype, **gemm_kw)
+        )
 
         def run(arena: Arena, call: ForwardCall = call) -> None:
             res = run_forward(call, arena, gemm=gemm)

@@ -27,6 +27,10 @@ class Gemm(Protocol):
     "rows", ``gemm(dG.T, xh, out=dw)``; "tn", ``gemm.tn(dG, xh^T)`` from [x | h_prev] stored
     transposed; "nt", ``gemm.nt(dG^T, x)`` and ``gemm.nt(dG^T, h_prev)`` from dG stored
     transposed, the results used as returned (some libraries run these layouts much faster).
+
+    ``gemm.walk_pairs(dtype, rows, hidden)``: whether the two directions of a bidirectional layer
+    (batch ``rows``, ``hidden`` H) should walk at once, each step loop in one Numba call with
+    its recurrent product in Numba (lstmgrad.fused.walks), instead of through this library.
     """
 
     #: whether the forward's recurrent product pays as (W_hh h^T)^T plus a transpose
@@ -39,6 +43,8 @@ class Gemm(Protocol):
     def fixed(self, b: np.ndarray, rows: int, calls: int) -> FixedGemm: ...
 
     def weight_grad_layout(self, dtype: np.dtype, n: int, g: int) -> str: ...
+
+    def walk_pairs(self, dtype: np.dtype, rows: int, hidden: int) -> bool: ...
 
     def tn(self, a: np.ndarray, bt: np.ndarray, /) -> np.ndarray:
         """a.T @ bt.T, C-contiguous, for C-contiguous a [K, M] and bt [N, K]."""
@@ -72,6 +78,9 @@ class NumpyGemm:
 
     def weight_grad_layout(self, dtype: np.dtype, n: int, g: int) -> str:
         return "rows"  # OpenBLAS takes dG^T @ [x | h_prev] as it is
+
+    def walk_pairs(self, dtype: np.dtype, rows: int, hidden: int) -> bool:
+        return False  # OpenBLAS's own threads would hold the second core
 
     def tn(self, a: np.ndarray, bt: np.ndarray, /) -> np.ndarray:
         return np.ascontiguousarray(np.matmul(a.T, bt.T))

@@ -18,6 +18,7 @@ import numpy as np
 
 from .errors import LstmInvalidArgumentError
 from .fused.kernels import matmul_into
+from .fused.walks import pairs_available
 from .gemm import FixedGemm
 
 
@@ -124,6 +125,11 @@ _PACKED_MIN_MNK = 3 << 18
 # 2.9 us for [12, 64] x [64, 16] (BENCH small-1's forward and backward products; 5.5 and 5.2 us
 # with torch.mm), and it ties torch.mm from about 2^17 on.
 _TINY_MAX_MNK = 1 << 16
+# Up to this m*n*k of the recurrent product (B * H * 4H), bidirectional layers walk both
+# directions at once in Numba (fused.walks), recurrent product included: the Numba loop takes
+# about what torch.mm's call does there (16 us for small-2's [8, 128] x [128, 512]), and the two
+# directions run on two threads (small-2's forward walks 8.0 -> 4.3 ms).
+_PAIR_MAX_MNK = 1 << 19
 # Packing a weight with more rows than columns (the backward's W_hh: dh = dG W_hh, K = 4H) is
 # slow: measured 1-4 ms for H = 512 and 5-15 ms for H = 1024 (4-15x the forward's W_hh^T, and the
 # new block's page faults slow the next forward too), against 55-400 us saved per product. Its
@@ -239,6 +245,9 @@ class TorchGemm:
         ):
             return "rows"
         return "tn" if n >= g else "nt"
+
+    def walk_pairs(self, dtype: np.dtype, rows: int, hidden: int) -> bool:
+        return rows * hidden * 4 * hidden <= _PAIR_MAX_MNK and pairs_available()
 
     def tn(self, a: np.ndarray, bt: np.ndarray, /) -> np.ndarray:
         # (a.T @ bt.T)^T = bt @ a, transposed back by torch's copy (a fast one)

@@ -36,16 +36,26 @@ def _copy(dst, src):  # pragma: no cover
 
 @_jit
 def matmul_into(a, b, out):  # pragma: no cover
-    """out = a @ b for tiny products (a [m, k] any strides, b [k, n] and out [m, n] C-contiguous):
-    row by row, each row of out accumulated over k in order (deterministic), vectorised along n.
+    """out = a @ b for small products (a [m, k] any strides, b [k, n] and out [m, n]
+    C-contiguous): row by row, each row of out accumulated over k in order (deterministic),
+    vectorised along n. Four k per pass over the row, the additions in the same order as one k
+    per pass (((o + a0 b0) + a1 b1) + ..., bitwise the same results): measured in one process
+    [8, 512] x [512, 128] 27.8 -> 18.4 us, [8, 128] x [128, 512] 17.1 -> 16.4 us, [12, 64] x
+    [64, 16] 2.9 -> 1.4 us.
     """
     m, k = a.shape
     n = b.shape[1]
+    k4 = k - k % 4
     for i in range(m):
         o = out[i]
         for j in range(n):
             o[j] = 0.0
-        for p in range(k):
+        for p in range(0, k4, 4):
+            a0, a1, a2, a3 = a[i, p], a[i, p + 1], a[i, p + 2], a[i, p + 3]
+            b0, b1, b2, b3 = b[p], b[p + 1], b[p + 2], b[p + 3]
+            for j in range(n):
+                o[j] = o[j] + a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j]
+        for p in range(k4, k):
             av = a[i, p]
             b_p = b[p]
             for j in range(n):

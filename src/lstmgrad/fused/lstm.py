@@ -28,7 +28,7 @@ from ..contract import BackwardCall, ForwardCall, LstmSaved
 from ..gemm import NUMPY_GEMM, Gemm
 from ..layout import B_HH, B_IH, W_HH, W_IH, Dims
 from ..workspace import Arena, Slot, block
-from . import kernels
+from . import kernels, walks
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 
@@ -81,25 +81,35 @@ def _rounded(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return a
 
 
-def forward_workspace_slots(dims: Dims, dtype: np.dtype) -> list[Slot]:
-    """Scratch of the forward (compute dtype cd).
+def _pair_walks(dims: Dims, dtype: np.dtype, gemm: Gemm) -> bool:
+    """Whether a bidirectional layer's two directions walk at once, each step loop in one Numba
+    call (fused.walks), where ``gemm.walk_pairs`` says so; float32/float64 storage (float16's
+    activations pass through one scratch, one direction at a time)."""
+    cd = compute_dtype(dtype)
+    return dims.D == 2 and cd == np.dtype(dtype) and gemm.walk_pairs(cd, dims.B, dims.H)
 
-    x [N, max(I, D*H)] packed layer input; gx [N, 4H] its projection; gh [B, 4H] the recurrent
-    part (gh_t [4H * B] its transposed product); h, c [B, H] the running state; acts
-    [7, T, B, H] the saved activations before rounding (float16 storage only); the layer input
-    [T, B, D*H] (cd).
+
+def forward_workspace_slots(dims: Dims, dtype: np.dtype, gemm: Gemm = NUMPY_GEMM) -> list[Slot]:
+    """Scratch of the forward (compute dtype cd) with the GEMMs of ``gemm``.
+
+    x [N, max(I, D*H)] packed layer input; gx [P, N, 4H] its projection; gh [P, B, 4H] the
+    recurrent part (gh_t [4H * B] its transposed product); h, c [P, B, H] the running state;
+    acts [7, T, B, H] the saved activations before rounding (float16 storage only); the layer
+    input [T, B, D*H] (cd). P = 2 where the two directions walk at once (:func:`_pair_walks`),
+    else 1.
     """
     cd = compute_dtype(dtype)
     t, b, h = dims.T, dims.B, dims.H
     n, width = t * b, max(dims.I, dims.D * h)
     acts = (7, t, b, h) if cd != dtype else (0,)
+    p = 2 if _pair_walks(dims, dtype, gemm) else 1
     return [
         ((n, width), cd),
-        ((n, 4 * h), cd),
-        ((b, 4 * h), cd),
+        ((p, n, 4 * h), cd),
+        ((p, b, 4 * h), cd),
         ((4 * h * b,), cd),
-        ((b, h), cd),
-        ((b, h), cd),
+        ((p, b, h), cd),
+        ((p, b, h), cd),
         (acts, cd),
         ((t, b, dims.D * h), cd),
     ]
@@ -108,25 +118,27 @@ def forward_workspace_slots(dims: Dims, dtype: np.dtype) -> list[Slot]:
 def backward_workspace_slots(dims: Dims, dtype: np.dtype, gemm: Gemm = NUMPY_GEMM) -> list[Slot]:
     """Scratch of the backward (compute dtype cd) with the GEMMs of ``gemm``.
 
-    xh [N, max(I, D*H) + H] packed [layer input | h_prev]; dg [N, 4H] gate gradients; cp [N, H]
-    packed c_prev; dw [4H, max(I, D*H) + H]; dh, dc [B, H]; dx [D, N, max(I, D*H)] each
-    direction's dx; dy [T, B, D*H] the gradient of the layer's output; acts [7, T, B, H] the
+    xh [N, max(I, D*H) + H] packed [layer input | h_prev]; dg [P, N, 4H] gate gradients; cp
+    [P, N, H] packed c_prev; dw [4H, max(I, D*H) + H]; dh, dc [P, B, H]; dx [D, N, max(I, D*H)]
+    each direction's dx; dy [T, B, D*H] the gradient of the layer's output; acts [7, T, B, H] the
     saved activations in cd (float16 storage only); xht [max(I, D*H) + H, N] xh transposed,
     where the weight gradient's layout is "tn"; dgt [4H, N] dg transposed, where it is "nt"
-    (see :class:`lstmgrad.gemm.Gemm`).
+    (see :class:`lstmgrad.gemm.Gemm`). P = 2 where the two directions walk at once
+    (:func:`_pair_walks`), else 1.
     """
     cd = compute_dtype(dtype)
     t, b, h = dims.T, dims.B, dims.H
     n, width = t * b, max(dims.I, dims.D * h)
     acts = (7, t, b, h) if cd != dtype else (0,)
     layout = gemm.weight_grad_layout(cd, n, 4 * h)
+    p = 2 if _pair_walks(dims, dtype, gemm) else 1
     return [
         ((n, width + h), cd),
-        ((n, 4 * h), cd),
-        ((n, h), cd),
+        ((p, n, 4 * h), cd),
+        ((p, n, h), cd),
         ((4 * h, width + h) if layout == "rows" else (0,), cd),
-        ((b, h), cd),
-        ((b, h), cd),
+        ((p, b, h), cd),
+        ((p, b, h), cd),
         ((dims.D, n, width), cd),
         ((t, b, dims.D * h), cd),
         (acts, cd),
@@ -156,8 +168,8 @@ def lstm_forward(
     t_steps, batch, hidden = dims.T, dims.B, dims.H
     st = _Steps(dims, call.mask)
     n_rows = st.total
-    xp_buf, gx_buf, gh, gh_t_buf, h, c, acts_buf, layer_in = arena.take_all(
-        forward_workspace_slots(dims, dtype)
+    xp_buf, gx_buf, gh_buf, gh_t_buf, h_buf, c_buf, acts_buf, layer_in = arena.take_all(
+        forward_workspace_slots(dims, dtype, gemm)
     )
     # every result in one (recycled) allocation: see workspace.block
     act = (t_steps, batch, hidden)
@@ -173,6 +185,7 @@ def lstm_forward(
     # W_hh^T dG^T, measured within noise, +-5%: not done there.) Only where the GEMM library
     # says it pays (gemm.transposed_forward).
     transposed = gemm.transposed_forward and batch <= 64 and hidden >= 256
+    pair = _pair_walks(dims, dtype, gemm)
     for layer in range(dims.L):
         width = dims.layer_input_size(layer)
         xp = _dense(xp_buf, n_rows, width)  # [N, I_l]
@@ -184,17 +197,17 @@ def lstm_forward(
                 kernels.pack_rows_scaled(layer_in, masks[layer - 1], st.ns, st.offsets, xp, 0)
             else:
                 kernels.pack_rows(layer_in, st.ns, st.offsets, xp, 0)
+        pending = []  # the pair walk's arguments, per direction
         for d in range(dims.D):
             k = layer * dims.D + d
+            h, c, gh = h_buf[d if pair else 0], c_buf[d if pair else 0], gh_buf[d if pair else 0]
             # W_ih as given (a transposed operand costs the big GEMM ~2%; a transposed copy of
             # W_ih would cost more on large H)
             w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd)  # [4H, I_l]
             w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd)  # [4H, H]
-            # h [n, H] -> [n, 4H], once a step
-            rec = None if transposed else gemm.fixed(w_hh.T, batch, t_steps)
             bias = _bias(call, layer, d, cd)
             # [N, 4H]: every step's input projection at once
-            gx = gemm.result(xp, w_ih.T, gx_buf[:n_rows])
+            gx = gemm.result(xp, w_ih.T, gx_buf[d if pair else 0, :n_rows])
             h[...] = 0.0 if call.h0 is None else call.h0[k]
             c[...] = 0.0 if call.c0 is None else call.c0[k]
             if cd == dtype:
@@ -203,6 +216,13 @@ def lstm_forward(
             else:
                 s_i, s_g, s_f, s_o, s_h, s_c, s_tc = acts_buf
                 y_d = layer_in[..., d * hidden : (d + 1) * hidden]  # free once xp is packed
+            if pair:
+                acts = (s_i, s_g, s_f, s_o, s_h, s_c, s_tc, y_d)
+                w_t = np.ascontiguousarray(w_hh.T)  # [H, 4H]
+                pending += [gx, w_t, bias, h, c, gh, st.orders[d], *acts]
+                continue
+            # h [n, H] -> [n, 4H], once a step
+            rec = None if transposed else gemm.fixed(w_hh.T, batch, t_steps)
             for t, n, off in st.walks[d]:
                 g_rec = gh
                 if n and rec is not None:
@@ -220,6 +240,10 @@ def lstm_forward(
                 for n_, a in enumerate((s_i, s_g, s_f, s_o, s_h, s_c, s_tc)):
                     saved[n_][k][...] = a
                 y[..., d * hidden : (d + 1) * hidden] = y_d
+        if pair:  # float32/float64 storage: the walks wrote saved and y themselves
+            walks.forward_walk_pair(*pending, st.ns, st.offsets)
+            for d in range(2):
+                hy[layer * 2 + d], cy[layer * 2 + d] = h_buf[d], c_buf[d]
     result_saved = None
     if call.train:
         result_saved = LstmSaved(
@@ -227,6 +251,22 @@ def lstm_forward(
             call.dropout_masks if call.dropout > 0 else None,
         )  # fmt: skip
     return y, hy, cy, result_saved
+
+
+def _gather(call: BackwardCall, st: _Steps, k: int, acts: tuple, hp: np.ndarray, hp_col: int,
+            cp: np.ndarray) -> None:  # fmt: skip
+    """The packed previous states of (layer, direction) k (docs/math.md B1): h_prev into
+    hp[:, hp_col:], c_prev into cp (kernels.gather_prev)."""
+    cd = cp.dtype
+    kernels.gather_prev(
+        acts[4], acts[5], _c(call.h0[k], cd), _c(call.c0[k], cd), st.ns, st.offsets,
+        st.orders[k % call.dims.D], hp, hp_col, cp,
+    )  # fmt: skip
+
+
+def _initial_grads(call: BackwardCall, k: int, dh: np.ndarray, dc: np.ndarray) -> None:
+    dh[...] = 0.0 if call.dh is None else call.dh[k]
+    dc[...] = 0.0 if call.dc is None else call.dc[k]
 
 
 def lstm_backward(
@@ -245,14 +285,14 @@ def lstm_backward(
     t_steps, batch, hidden = dims.T, dims.B, dims.H
     st = _Steps(dims, call.mask)
     n_rows = st.total
-    (xh_buf, dg_buf, cp_buf, dw_buf, dh, dc, dx_buf, dy_buf, acts_buf, xht_buf,
+    (xh_buf, dg_buf, cp_buf, dw_buf, dh_buf, dc_buf, dx_buf, dy_buf, acts_buf, xht_buf,
      dgt_buf) = arena.take_all(backward_workspace_slots(dims, dtype, gemm))  # fmt: skip
-    dg, cp = dg_buf[:n_rows], cp_buf[:n_rows]
+    pair = _pair_walks(dims, dtype, gemm)
     # the layout of dW = dG^T @ [x | h_prev] (see gemm.Gemm); "nt" packs x and h_prev each
     # dense (operands of their own GEMM), the others [x | h_prev] in the rows of xh
     layout = gemm.weight_grad_layout(cd, t_steps * batch, dims.G) if need_dw else "rows"
-    flat = xh_buf.reshape(-1), xht_buf.reshape(-1), dg_buf.reshape(-1), dgt_buf.reshape(-1)
-    xh_flat, xht_flat, dg_flat, dgt_flat = flat  # for kernels.transpose_cols
+    # flat views for kernels.transpose_cols
+    xh_flat, xht_flat, dgt_flat = xh_buf.reshape(-1), xht_buf.reshape(-1), dgt_buf.reshape(-1)
     # every result in one (recycled) allocation: see workspace.block
     state = (dims.K, batch, hidden)
     dx_shape = (t_steps, batch, dims.I) if need_dx else (0,)
@@ -291,48 +331,69 @@ def lstm_backward(
                         kernels.pack_rows(h_below, st.ns, st.offsets, xh, d * hidden)
         if layout == "tn":  # and transposed
             kernels.transpose_cols(xh_flat, width + hidden, n_rows, 0, width, xht_flat)
+        # each direction's saved activations (in cd), output gradient and scratch: its own
+        # where the two directions walk at once
+        dirs = []
         for d in range(dims.D):
             k = layer * dims.D + d
-            w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd)  # [4H, I_l]
-            w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd)  # [4H, H]
-            rec = gemm.fixed(w_hh, batch, t_steps)  # dG [n, 4H] -> dh [n, H]
+            p = d if pair else 0
             if cd == dtype:
-                s_i, s_g, s_f, s_o, s_h, s_c, s_tc = (_c(s[k], cd) for s in call.saved)
-            else:
-                for n_, s in enumerate(call.saved):
-                    acts_buf[n_][...] = s[k]
-                s_i, s_g, s_f, s_o, s_h, s_c, s_tc = acts_buf
-            kernels.gather_prev(
-                s_h, s_c, _c(call.h0[k], cd), _c(call.c0[k], cd), st.ns, st.offsets,
-                st.orders[d], hp, hp_col, cp,
-            )  # fmt: skip
+                acts = tuple(_c(s[k], cd) for s in call.saved)
+            else:  # filled just before this direction's walk (never a pair)
+                acts = tuple(acts_buf)
+            dy_d = dummy if dy is None else dy[..., d * hidden : (d + 1) * hidden]
+            dirs.append((k, acts, dy_d, dg_buf[p, :n_rows], cp_buf[p, :n_rows], dh_buf[p],
+                         dc_buf[p]))  # fmt: skip
+        if pair:  # both directions' walks at once (fused.walks), then each one's GEMMs
+            for k, acts, _, _, cp, dh, dc in dirs:
+                _gather(call, st, k, acts, hp, hp_col, cp)
+                _initial_grads(call, k, dh, dc)
+            pending = []
+            for k, acts, dy_d, dg, cp, dh, dc in dirs:
+                w_hh = np.ascontiguousarray(call.params[dims.index(layer, k % 2, W_HH)], cd)
+                s_i, s_g, s_f, s_o, _, _, s_tc = acts
+                pending += [dy_d, dh, dc, w_hh, s_i, s_g, s_f, s_o, s_tc, cp, dg,
+                            st.orders[1 - k % 2]]  # fmt: skip
+            walks.backward_walk_pair(*pending, dy is not None, st.ns, st.offsets, need_dh)
+        for k, acts, dy_d, dg, cp, dh, dc in dirs:
+            d = k % dims.D
+            if not pair:
+                if cd != dtype:
+                    for n_, s in enumerate(call.saved):
+                        acts_buf[n_][...] = s[k]
+                _gather(call, st, k, acts, hp, hp_col, cp)
+                _initial_grads(call, k, dh, dc)
+                w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd)  # [4H, H]
+                rec = gemm.fixed(w_hh, batch, t_steps)  # dG [n, 4H] -> dh [n, H]
+                s_i, s_g, s_f, s_o, _, _, s_tc = acts
+                for step, (t, n, off) in enumerate(st.walks[1 - d]):
+                    if not n:
+                        continue
+                    kernels.backward_step(
+                        dy_d[t if dy is not None else 0], dy is not None, dh, dc,
+                        s_i[t], s_g[t], s_f[t], s_o[t], s_tc[t], cp[off : off + n],
+                        dg[off : off + n], n,
+                    )  # fmt: skip
+                    if step < t_steps - 1 or need_dh:  # the last step's dh only feeds dh_prev
+                        dh_n = dh[:n]
+                        product = rec(dg[off : off + n], dh_n)
+                        if product is not dh_n:  # the library's own result
+                            np.copyto(dh_n, product)
+            elif need_dw:  # this direction's h_prev again: the directions share hp
+                _gather(call, st, k, acts, hp, hp_col, cp)
             if layout == "tn":
                 kernels.transpose_cols(
                     xh_flat, width + hidden, n_rows, width, width + hidden, xht_flat
                 )
-            dh[...] = 0.0 if call.dh is None else call.dh[k]
-            dc[...] = 0.0 if call.dc is None else call.dc[k]
-            dy_d = dummy if dy is None else dy[..., d * hidden : (d + 1) * hidden]
-            for step, (t, n, off) in enumerate(st.walks[1 - d]):
-                if not n:
-                    continue
-                kernels.backward_step(
-                    dy_d[t if dy is not None else 0], dy is not None, dh, dc,
-                    s_i[t], s_g[t], s_f[t], s_o[t], s_tc[t], cp[off : off + n], dg[off : off + n], n,
-                )  # fmt: skip
-                if step < t_steps - 1 or need_dh:  # the last step's dh only feeds dh_prev
-                    dh_n = dh[:n]
-                    product = rec(dg[off : off + n], dh_n)
-                    if product is not dh_n:  # the library's own result
-                        np.copyto(dh_n, product)
             if dh_prev is not None:
                 dh_prev[k] = dh
             if dc_prev is not None:
                 dc_prev[k] = dc
+            w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd)  # [4H, I_l]
             if want_dx:
                 dx_parts[d] = gemm.result(dg, w_ih, _dense(dx_buf[d], n_rows, width))  # [N, I_l]
             if dparams is not None and layout == "nt":
-                kernels.transpose_cols(dg_flat, dims.G, n_rows, 0, dims.G, dgt_flat)
+                kernels.transpose_cols(dg.reshape(-1), dims.G, n_rows, 0, dims.G, dgt_flat)
                 dgt = _dense(dgt_buf, dims.G, n_rows)
                 # the GEMMs' own results; rounded to the storage dtype where it differs (float16)
                 dw_ih, dw_hh = gemm.nt(dgt, xh), gemm.nt(dgt, hp)

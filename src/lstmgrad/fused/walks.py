@@ -1,0 +1,135 @@
+"""Whole step loops in Numba, for the two directions of a bidirectional layer at once.
+
+On small models the per-step GEMM call dominates (small-2's [8, 128] x [128, 512] costs ~12 us
+through torch, about what a Numba loop takes), and a direction's steps depend on each other,
+so the one parallelism left is the two directions. Measured on small-2's two forward walks
+(8.0-8.6 ms one after the other): a Numba ``prange`` over the directions on Numba's OpenMP
+threading layer (GNU OpenMP, as torch's) takes 4.0-4.2 ms, also right after a torch op; on its
+"workqueue" layer, or as two Python threads, 4.2-5.4 ms when the machine is idle but 8.2-10 ms
+right after a torch op, whose OpenMP workers hold the second core. So the pairs run only on the
+OpenMP layer (:func:`pairs_available`).
+
+Each walk is one (layer, direction)'s step loop, in the walk ``order`` (0..T-1 for the forward
+direction, T-1..0 for the reverse), with the recurrent product in :func:`kernels.matmul_into`
+and the gate maths in the per-step kernels; variable lengths as in the engine (step t: rows
+< ns[t], packed at offsets[t]).
+"""
+
+from __future__ import annotations
+
+import numba
+from numba import prange
+
+from .kernels import backward_step, forward_step, matmul_into
+
+_jit = numba.njit(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
+_parallel = numba.njit(
+    cache=True, nogil=True, fastmath={"contract"}, error_model="numpy", parallel=True
+)
+
+
+@_jit
+def forward_walk(
+    gx, w_t, bias, h, c, gh, ns, offsets, order, s_i, s_g, s_f, s_o, s_h, s_c, s_tc, y
+):  # pragma: no cover
+    """The forward's step loop of one (layer, direction): per step t, gh = h[:n] @ w_t (w_t
+    [H, 4H] C-contiguous: W_hh^T) and kernels.forward_step on gx's rows of the step."""
+    for q in range(order.shape[0]):
+        t = order[q]
+        n = ns[t]
+        off = offsets[t]
+        if n > 0:
+            matmul_into(h[:n], w_t, gh[:n])
+        forward_step(
+            gx[off : off + n], gh, bias, h, c, n,
+            s_i[t], s_g[t], s_f[t], s_o[t], s_h[t], s_c[t], s_tc[t], y[t],
+        )  # fmt: skip
+
+
+@_parallel
+def forward_walk_pair(
+    gx0, w0, b0, h0, c0, gh0, o0, i0, g0, f0, out0, hs0, cs0, tc0, y0,
+    gx1, w1, b1, h1, c1, gh1, o1, i1, g1, f1, out1, hs1, cs1, tc1, y1,
+    ns, offsets,
+):  # pragma: no cover  # fmt: skip
+    """:func:`forward_walk` of the two directions on two threads (o0, o1: their orders)."""
+    for d in prange(2):
+        if d == 0:
+            forward_walk(gx0, w0, b0, h0, c0, gh0, ns, offsets, o0,
+                         i0, g0, f0, out0, hs0, cs0, tc0, y0)  # fmt: skip
+        else:
+            forward_walk(gx1, w1, b1, h1, c1, gh1, ns, offsets, o1,
+                         i1, g1, f1, out1, hs1, cs1, tc1, y1)  # fmt: skip
+
+
+@_jit
+def backward_walk(
+    dy, has_dy, dh, dc, w, s_i, s_g, s_f, s_o, s_tc, cp, dg, ns, offsets, order, need_last
+):  # pragma: no cover
+    """The backward's step loop of one (layer, direction): per step t (in ``order``, the
+    reverse of the forward's), kernels.backward_step into dg's rows of the step, then dh[:n] =
+    dG @ w (w [4H, H] C-contiguous: W_hh), skipped after the last step unless ``need_last``
+    (it only feeds dh_prev)."""
+    steps = order.shape[0]
+    for q in range(steps):
+        t = order[q]
+        n = ns[t]
+        off = offsets[t]
+        if n == 0:
+            continue
+        backward_step(
+            dy[t if has_dy else 0], has_dy, dh, dc, s_i[t], s_g[t], s_f[t], s_o[t], s_tc[t],
+            cp[off : off + n], dg[off : off + n], n,
+        )  # fmt: skip
+        if q < steps - 1 or need_last:
+            matmul_into(dg[off : off + n], w, dh[:n])
+
+
+@_parallel
+def backward_walk_pair(
+    dy0, dh0, dc0, w0, i0, g0, f0, o0, tc0, cp0, dg0, ord0,
+    dy1, dh1, dc1, w1, i1, g1, f1, o1, tc1, cp1, dg1, ord1,
+    has_dy, ns, offsets, need_last,
+):  # pragma: no cover  # fmt: skip
+    """:func:`backward_walk` of the two directions on two threads."""
+    for d in prange(2):
+        if d == 0:
+            backward_walk(dy0, has_dy, dh0, dc0, w0, i0, g0, f0, o0, tc0, cp0, dg0,
+                          ns, offsets, ord0, need_last)  # fmt: skip
+        else:
+            backward_walk(dy1, has_dy, dh1, dc1, w1, i1, g1, f1, o1, tc1, cp1, dg1,
+                          ns, offsets, ord1, need_last)  # fmt: skip
+
+
+_available: bool | None = None
+
+
+def pairs_available() -> bool:
+    """Whether the pair walks pay here: Numba's threading layer is OpenMP and no OpenMP runtime
+    but GNU's is loaded (Linux; False elsewhere, and False where another layer was chosen, e.g.
+    NUMBA_THREADING_LAYER=tbb or workqueue). Decided once a process, at the first call, which
+    also makes Numba pick its threading layer (as its first parallel function would)."""
+    global _available
+    if _available is None:
+        _available = _check_pairs()
+    return _available
+
+
+@numba.njit(parallel=True, cache=True)
+def _probe(a):  # pragma: no cover
+    for j in prange(a.shape[0]):
+        a[j] = j
+
+
+def _check_pairs() -> bool:
+    import numpy as np
+
+    try:
+        _probe(np.zeros(2))
+        if numba.threading_layer() != "omp":
+            return False
+        with open("/proc/self/maps") as maps:
+            libs = {line.split()[-1] for line in maps if ".so" in line}
+    except (OSError, ValueError, RuntimeError):
+        return False
+    return not any("libiomp" in lib or "/libomp" in lib for lib in libs)
