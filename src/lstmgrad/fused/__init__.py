@@ -1,4 +1,5 @@
-"""The fast CPU engine: NumPy GEMMs around single-threaded, disk-cached Numba kernels.
+"""The fast CPU engine: GEMMs around disk-cached Numba kernels (single-threaded, but for the two
+directions of small bidirectional layers given as tensors: fused.walks).
 
 Same functions as :mod:`lstmgrad.reference`; the default engine of the public API.
 """

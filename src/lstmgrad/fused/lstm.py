@@ -1,6 +1,10 @@
 """The fused CPU engine: GEMMs (NumPy's BLAS, or torch's for tensors: lstmgrad.gemm) around
 single-threaded Numba kernels.
 
+Small bidirectional layers with torch's GEMMs walk their two directions at once instead, each
+step loop in one Numba call with its recurrent product, on two OpenMP threads (fused.walks;
+where ``gemm.walk_pairs`` says so).
+
 Per (layer, direction), the forward projects the input of all steps with one GEMM and then runs,
 per step, the recurrent GEMM and one kernel for the gate maths; the backward runs, per step, one
 kernel for the gate gradients (stored for all steps in one packed [N, 4H] buffer) and the
