@@ -426,3 +426,33 @@ def test_bidirectional_pair_walks(monkeypatch, dtype, rtol, case):
     for g, w, r in zip(got.dparams, want.dparams, ref.dparams, strict=True):
         assert_close(g, w, rtol)
         assert_close(g, r, max(rtol, 1e-5))
+
+
+def _pair_output(queue=None):
+    x, hx, params, dy, kw = make(np.float32, num_layers=1, t=5, b=3, i=4, h=6)
+    out = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), **kw).output.numpy()
+    if queue is None:
+        return out
+    from lstmgrad.fused import walks
+
+    queue.put((walks.pairs_available(), out.copy()))
+
+
+def test_pair_walks_off_in_a_forked_child():
+    """GNU OpenMP is not fork-safe: a process forked after the pair walks ran walks one
+    direction at a time (and is not stopped by Numba), with the parent's results."""
+    import multiprocessing
+
+    from lstmgrad.fused import walks
+
+    if not walks.pairs_available():
+        pytest.skip("Numba's threading layer here is not OpenMP: no pair walks")
+    want = _pair_output()
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_pair_output, args=(queue,))
+    child.start()
+    pairs_in_child, got = queue.get(timeout=120)
+    child.join(120)
+    assert child.exitcode == 0 and pairs_in_child is False
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

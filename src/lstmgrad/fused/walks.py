@@ -17,6 +17,8 @@ and the gate maths in the per-step kernels; variable lengths as in the engine (s
 
 from __future__ import annotations
 
+import os
+
 import numba
 from numba import prange
 
@@ -101,18 +103,24 @@ def backward_walk_pair(
                           ns, offsets, ord1, need_last)  # fmt: skip
 
 
-_available: bool | None = None
+_decided: tuple[int, bool] | None = None  # (pid, answer) of the process that decided
 
 
 def pairs_available() -> bool:
     """Whether the pair walks pay here: Numba's threading layer is OpenMP and no OpenMP runtime
     but GNU's is loaded (Linux; False elsewhere, and False where another layer was chosen, e.g.
     NUMBA_THREADING_LAYER=tbb or workqueue). Decided once a process, at the first call, which
-    also makes Numba pick its threading layer (as its first parallel function would)."""
-    global _available
-    if _available is None:
-        _available = _check_pairs()
-    return _available
+    also makes Numba pick its threading layer (as its first parallel function would).
+
+    A process forked after that answers False: GNU OpenMP is not fork-safe, and Numba stops a
+    forked child that launches a parallel region of its parent's OpenMP layer; such a child
+    walks one direction at a time."""
+    global _decided
+    pid = os.getpid()
+    if _decided is None:
+        _decided = (pid, _check_pairs())
+    owner, answer = _decided
+    return answer and owner == pid
 
 
 @numba.njit(parallel=True, cache=True)
@@ -130,6 +138,6 @@ def _check_pairs() -> bool:
             return False
         with open("/proc/self/maps") as maps:
             libs = {line.split()[-1] for line in maps if ".so" in line}
-    except (OSError, ValueError, RuntimeError):
+    except Exception:  # no threading layer loads, no /proc: walk one direction at a time
         return False
     return not any("libiomp" in lib or "/libomp" in lib for lib in libs)
