@@ -456,3 +456,43 @@ def test_pair_walks_off_in_a_forked_child():
     child.join(120)
     assert child.exitcode == 0 and pairs_in_child is False
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_pair_walks_from_concurrent_threads():
+    """Two Python threads running pair walks at once (Numba's OpenMP layer is thread-safe):
+    each gets the single-threaded result bit for bit."""
+    import threading
+
+    from lstmgrad.fused import walks
+
+    if not walks.pairs_available():
+        pytest.skip("Numba's threading layer here is not OpenMP: no pair walks")
+    x, hx, params, dy, kw = make(np.float32, num_layers=2, t=7, b=3, i=4, h=6)
+    args = [tensors(a) for a in (x, params, hx)]
+
+    def run():
+        fw = lstmgrad.lstm_forward(*args, **kw)
+        bw = lstmgrad.lstm_backward(args[0], args[2], args[1], tensors(dy), None, None,
+                                    *fw.saved[:7], **kw)  # fmt: skip
+        return [fw.output.numpy().copy(), bw.dx.numpy().copy(),
+                *[p.numpy().copy() for p in bw.dparams]]  # fmt: skip
+
+    want = run()
+    results, errors = [], []
+
+    def worker():
+        try:
+            for _ in range(5):
+                results.append(run())
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors and len(results) == 10
+    for got in results:
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
