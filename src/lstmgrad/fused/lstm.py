@@ -245,7 +245,8 @@ def lstm_forward(
                     saved[n_][k][...] = a
                 y[..., d * hidden : (d + 1) * hidden] = y_d
         if pair:  # float32/float64 storage: the walks wrote saved and y themselves
-            walks.forward_walk_pair(*pending, st.ns, st.offsets)
+            # both directions' 15 arguments, in forward_walk_pair's order (mypy cannot count a list)
+            walks.forward_walk_pair(*pending, st.ns, st.offsets)  # type: ignore[call-arg]
             for d in range(2):
                 hy[layer * 2 + d], cy[layer * 2 + d] = h_buf[d], c_buf[d]
     result_saved = None
@@ -358,7 +359,10 @@ def lstm_backward(
                 s_i, s_g, s_f, s_o, _, _, s_tc = acts
                 pending += [dy_d, dh, dc, w_hh, s_i, s_g, s_f, s_o, s_tc, cp, dg,
                             st.orders[1 - k % 2]]  # fmt: skip
-            walks.backward_walk_pair(*pending, dy is not None, st.ns, st.offsets, need_dh)
+            # both directions' 12 arguments, in backward_walk_pair's order
+            walks.backward_walk_pair(  # type: ignore[call-arg]
+                *pending, dy is not None, st.ns, st.offsets, need_dh
+            )
         for k, acts, dy_d, dg, cp, dh, dc in dirs:
             d = k % dims.D
             if not pair:
