@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 
 import numba
+import numpy as np
 from numba import prange
 
 from .kernels import backward_step, forward_step, matmul_into
@@ -130,8 +131,6 @@ def _probe(a):  # pragma: no cover
 
 
 def _check_pairs() -> bool:
-    import numpy as np
-
     try:
         _probe(np.zeros(2))
         if numba.threading_layer() != "omp":
