@@ -204,14 +204,15 @@ def lstm_forward(
         pending = []  # the pair walk's arguments, per direction
         for d in range(dims.D):
             k = layer * dims.D + d
-            h, c, gh = h_buf[d if pair else 0], c_buf[d if pair else 0], gh_buf[d if pair else 0]
+            p = d if pair else 0  # the direction's scratch
+            h, c, gh = h_buf[p], c_buf[p], gh_buf[p]
             # W_ih as given (a transposed operand costs the big GEMM ~2%; a transposed copy of
             # W_ih would cost more on large H)
             w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd)  # [4H, I_l]
             w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd)  # [4H, H]
             bias = _bias(call, layer, d, cd)
             # [N, 4H]: every step's input projection at once
-            gx = gemm.result(xp, w_ih.T, gx_buf[d if pair else 0, :n_rows])
+            gx = gemm.result(xp, w_ih.T, gx_buf[p, :n_rows])
             h[...] = 0.0 if call.h0 is None else call.h0[k]
             c[...] = 0.0 if call.c0 is None else call.c0[k]
             if cd == dtype:
@@ -355,7 +356,7 @@ def lstm_backward(
                 _initial_grads(call, k, dh, dc)
             pending = []
             for k, acts, dy_d, dg, cp, dh, dc in dirs:
-                w_hh = np.ascontiguousarray(call.params[dims.index(layer, k % 2, W_HH)], cd)
+                w_hh = _c(call.params[dims.index(layer, k % 2, W_HH)], cd)  # [4H, H]
                 s_i, s_g, s_f, s_o, _, _, s_tc = acts
                 pending += [dy_d, dh, dc, w_hh, s_i, s_g, s_f, s_o, s_tc, cp, dg,
                             st.orders[1 - k % 2]]  # fmt: skip

@@ -23,12 +23,10 @@ import numba
 import numpy as np
 from numba import prange
 
-from .kernels import backward_step, forward_step, matmul_into
+from .kernels import backward_step, forward_step, jit, matmul_into
 
-_jit = numba.njit(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
-_parallel = numba.njit(
-    cache=True, nogil=True, fastmath={"contract"}, error_model="numpy", parallel=True
-)
+_jit = jit()  # the kernels' own flags
+_parallel = jit(parallel=True)
 
 
 @_jit
