@@ -496,3 +496,106 @@ def test_pair_walks_from_concurrent_threads():
     for got in results:
         for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("rows,n", [(32, 32), (33, 33), (33, 20), (16, 1), (5, 0), (7, 6)])
+def test_split_step_kernels_equal_the_one_thread_kernels_bitwise(dtype, rows, n):
+    """fused.walks' row-split step kernels (two threads) give the one-thread kernels' results
+    bit for bit: active rows split unevenly, masked rows carried (forward), with and without
+    dy (backward)."""
+    from lstmgrad.fused import kernels, walks
+
+    rng = np.random.default_rng(rows * 100 + n)
+    hid = 24
+    gx = rng.standard_normal((n, 4 * hid)).astype(dtype)
+    gh = rng.standard_normal((rows, 4 * hid)).astype(dtype)
+    bias = rng.standard_normal(4 * hid).astype(dtype)
+    state = [rng.standard_normal((rows, hid)).astype(dtype) for _ in range(2)]
+    outs = [np.full((rows, hid), 7.0, dtype) for _ in range(8)]  # s_i .. s_tc, y
+    one = [a.copy() for a in state + outs]
+    two = [a.copy() for a in state + outs]
+    kernels.forward_step(gx, gh, bias, one[0], one[1], n, *one[2:])
+    walks.forward_step_split(gx, gh, bias, two[0], two[1], n, *two[2:])
+    for a, b in zip(one, two, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(one[0], state[0]) or n == 0  # the state did move
+    acts = [rng.uniform(0.05, 0.95, (rows, hid)).astype(dtype) for _ in range(5)]
+    dy = rng.standard_normal((rows, hid)).astype(dtype)
+    c_prev = rng.standard_normal((n, hid)).astype(dtype)
+    for has_dy in (True, False):
+        grads = [rng.standard_normal((rows, hid)).astype(dtype) for _ in range(2)]
+        one = [*(g.copy() for g in grads), np.zeros((n, 4 * hid), dtype)]
+        two = [*(g.copy() for g in grads), np.zeros((n, 4 * hid), dtype)]
+        kernels.backward_step(dy, has_dy, one[0], one[1], *acts, c_prev, one[2], n)
+        walks.backward_step_split(dy, has_dy, two[0], two[1], *acts, c_prev, two[2], n)
+        for a, b in zip(one, two, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["dense", "lengths", "no-dy", "dh-prev-off"])
+def test_split_steps_through_the_engine(monkeypatch, case):
+    """With tensors, steps of at least walks.SPLIT_MIN_ELEMENTS active elements run their gate
+    maths on two threads, smaller ones on one: the split path is taken, gives the one-thread
+    path's results bit for bit (the same GEMMs around it), and matches the reference."""
+    from lstmgrad.fused import kernels, walks
+    from lstmgrad.tensors import TorchGemm
+
+    if not TorchGemm().split_steps(np.dtype(np.float32)):
+        pytest.skip("Numba's threading layer here is not OpenMP: no split steps")
+    t, b, i, h = 6, 16, 8, 128
+    assert b * h >= walks.SPLIT_MIN_ELEMENTS > 13 * h
+    assert not TorchGemm().walk_pairs(np.dtype(np.float64), b, h)  # not a pair walk
+    x, hx, params, dy, kw = make(np.float64, num_layers=2, t=t, b=b, i=i, h=h)
+    bs = None
+    if case == "lengths":  # split, one-thread (13 * 128 < 2048) and empty steps
+        bs = np.array([16, 16, 13, 0, 16, 2], dtype=np.int64)
+        x, dy = x.reshape(t * b, -1), dy.reshape(t * b, -1)
+    dy_arg = None if case == "no-dy" else dy
+    dh = hx[0] if case == "no-dy" else None
+    mask = (True, False, True, True) if case == "dh-prev-off" else None
+    taken: dict[str, list[int]] = {"forward": [], "backward": [], "one": []}
+    # (module, kernel, where its calls are recorded, the position of n in its arguments)
+    for module, name, key, pos in ((walks, "forward_step_split", "forward", 5),
+                                   (walks, "backward_step_split", "backward", 11),
+                                   (kernels, "forward_step", "one", 5),
+                                   (kernels, "backward_step", "one", 11)):  # fmt: skip
+        fn = getattr(module, name)
+
+        def record(*a, _f=fn, _k=key, _p=pos):
+            taken[_k].append(a[_p])
+            return _f(*a)
+
+        monkeypatch.setattr(module, name, record)
+
+    def run():
+        fw = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), tensors(bs), **kw)
+        saved = [[a.numpy() for a in s] for s in fw.saved[:7]]
+        args = (x, hx, params, dy_arg, dh, None, *saved, bs)
+        bw = lstmgrad.lstm_backward(*[tensors(a) for a in args], output_mask=mask, **kw)
+        return fw, bw, args
+
+    fw, bw, args = run()
+    assert taken["forward"] and taken["backward"]
+    assert all(n * h >= walks.SPLIT_MIN_ELEMENTS for n in taken["forward"] + taken["backward"])
+    if case == "lengths":
+        assert set(taken["one"]) == {0, 2, 13}  # the small steps took the one-thread kernels
+    else:
+        assert not taken["one"]
+    monkeypatch.setattr(walks, "SPLIT_MIN_ELEMENTS", 1 << 62)  # every step on one thread
+    fw1, bw1, _ = run()
+    assert len(taken["one"]) > 0
+    for got, want in zip([*fw[:3], bw.dx, bw.dh_prev, bw.dc_prev, *bw.dparams],
+                         [*fw1[:3], bw1.dx, bw1.dh_prev, bw1.dc_prev, *bw1.dparams], strict=True):  # fmt: skip
+        assert (got is None) == (want is None)
+        if got is not None:
+            np.testing.assert_array_equal(got.numpy(), want.numpy())
+    ref_fw = lstmgrad.lstm_forward(x, params, hx, bs, impl="reference", **kw)
+    assert_close(fw.output, ref_fw.output, 1e-12)
+    ref = lstmgrad.lstm_backward(*args, output_mask=mask, impl="reference", **kw)
+    for name in ("dx", "dh_prev", "dc_prev"):
+        assert (getattr(bw, name) is None) == (getattr(ref, name) is None), name
+        if getattr(ref, name) is not None:
+            assert_close(getattr(bw, name), getattr(ref, name), 1e-10)
+    for g, r in zip(bw.dparams, ref.dparams, strict=True):
+        assert_close(g, r, 1e-10)

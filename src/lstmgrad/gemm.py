@@ -31,6 +31,8 @@ class Gemm(Protocol):
     ``gemm.walk_pairs(dtype, rows, hidden)``: whether the two directions of a bidirectional layer
     (batch ``rows``, ``hidden`` H) should walk at once, each step loop in one Numba call with
     its recurrent product in Numba (lstmgrad.fused.walks), instead of through this library.
+    ``gemm.split_steps(dtype)``: whether a step's gate maths may run its rows on two threads
+    (fused.walks.forward_step_split) between this library's recurrent products.
     """
 
     #: whether the forward's recurrent product pays as (W_hh h^T)^T plus a transpose
@@ -45,6 +47,8 @@ class Gemm(Protocol):
     def weight_grad_layout(self, dtype: np.dtype, n: int, g: int) -> str: ...
 
     def walk_pairs(self, dtype: np.dtype, rows: int, hidden: int) -> bool: ...
+
+    def split_steps(self, dtype: np.dtype) -> bool: ...
 
     def tn(self, a: np.ndarray, bt: np.ndarray, /) -> np.ndarray:
         """a.T @ bt.T, C-contiguous, for C-contiguous a [K, M] and bt [N, K]."""
@@ -81,6 +85,11 @@ class NumpyGemm:
 
     def walk_pairs(self, dtype: np.dtype, rows: int, hidden: int) -> bool:
         return False  # OpenBLAS's own threads would hold the second core
+
+    def split_steps(self, dtype: np.dtype) -> bool:
+        # OpenBLAS's threads spin between its calls and fight the kernel's: measured 30-55x
+        # slower (BENCH med-3 forward + backward 57 ms -> 1.7 s)
+        return False
 
     def tn(self, a: np.ndarray, bt: np.ndarray, /) -> np.ndarray:
         return np.ascontiguousarray(np.matmul(a.T, bt.T))

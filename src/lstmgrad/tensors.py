@@ -137,7 +137,13 @@ _PAIR_MAX_MNK = 1 << 19
 # whole forward + backward passes, it paid from rows * calls of about 2048 on (T * B = 2400-8000:
 # 0.4-2.3 ms saved), was even at 1600 (BENCH large-2) and cost up to 20% below (med-1, 400:
 # 23.1 -> 18.5 ms unpacked; large-1, 800: 127 -> 121 ms).
+# Remeasured 2026-11-30 (forward + backward, the two rules alternated in one process, medians
+# of 8-10): a weight past half the 32 MiB L3 (H = 1024, 16 MiB) pays packed at any rows * calls
+# (T, B = 50, 16: 142 -> 130 ms; 25, 16: 77 -> 70 ms; 50, 8: 83 -> 79 ms; 25, 64: even), while
+# H = 512 and 768 below 2048 still do not (50, 16, H = 768: 66.0 vs 67.7 ms; 25, 32, H = 512:
+# 31.6 vs 32.6 ms).
 _PACK_WIDE_MIN_ROW_CALLS = 2048
+_PACK_WIDE_MIN_BYTES = 16 << 20
 
 
 class TorchGemm:
@@ -217,7 +223,11 @@ class TorchGemm:
 
             return plain
         linear = torch.ops.mkldnn._linear_pointwise
-        if b.shape[0] > b.shape[1] and rows * calls < _PACK_WIDE_MIN_ROW_CALLS:
+        if (
+            b.shape[0] > b.shape[1]
+            and rows * calls < _PACK_WIDE_MIN_ROW_CALLS
+            and b.nbytes < _PACK_WIDE_MIN_BYTES
+        ):
             packed = tb.t()  # oneDNN on the weight as it is (see _PACK_WIDE_MIN_ROW_CALLS)
         else:
             packed = torch.ops.mkldnn._reorder_linear_weight(tb.t(), rows)
@@ -248,6 +258,10 @@ class TorchGemm:
 
     def walk_pairs(self, dtype: np.dtype, rows: int, hidden: int) -> bool:
         return rows * hidden * 4 * hidden <= _PAIR_MAX_MNK and pairs_available()
+
+    def split_steps(self, dtype: np.dtype) -> bool:
+        # GNU OpenMP as torch's (see fused.walks: the threads are free between torch's ops)
+        return pairs_available()
 
     def tn(self, a: np.ndarray, bt: np.ndarray, /) -> np.ndarray:
         # (a.T @ bt.T)^T = bt @ a, transposed back by torch's copy (a fast one)

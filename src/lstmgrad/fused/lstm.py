@@ -3,7 +3,9 @@ single-threaded Numba kernels.
 
 Small bidirectional layers with torch's GEMMs walk their two directions at once instead, each
 step loop in one Numba call with its recurrent product, on two OpenMP threads (fused.walks;
-where ``gemm.walk_pairs`` says so).
+where ``gemm.walk_pairs`` says so); larger ones run each step's gate maths on two threads, the
+rows split in halves (where ``gemm.split_steps`` says so, for steps of at least
+fused.walks.SPLIT_MIN_ELEMENTS active elements).
 
 Per (layer, direction), the forward projects the input of all steps with one GEMM and then runs,
 per step, the recurrent GEMM and one kernel for the gate maths; the backward runs, per step, one
@@ -91,6 +93,15 @@ def _pair_walks(dims: Dims, dtype: np.dtype, gemm: Gemm) -> bool:
     activations pass through one scratch, one direction at a time)."""
     cd = compute_dtype(dtype)
     return dims.D == 2 and cd == np.dtype(dtype) and gemm.walk_pairs(cd, dims.B, dims.H)
+
+
+def _step_kernels(gemm: Gemm, cd: np.dtype, serial, split) -> tuple:
+    """(kernel, n) : the step kernel for steps of at least n active-row elements (n_t * H),
+    ``split`` (its rows on two threads, fused.walks) where ``gemm.split_steps`` says so, and
+    ``serial`` for smaller steps (every step where n is infinite)."""
+    if gemm.split_steps(cd):
+        return split, walks.SPLIT_MIN_ELEMENTS
+    return serial, float("inf")
 
 
 def forward_workspace_slots(dims: Dims, dtype: np.dtype, gemm: Gemm = NUMPY_GEMM) -> list[Slot]:
@@ -190,6 +201,9 @@ def lstm_forward(
     # says it pays (gemm.transposed_forward).
     transposed = gemm.transposed_forward and batch <= 64 and hidden >= 256
     pair = _pair_walks(dims, dtype, gemm)
+    forward_step, split_min = _step_kernels(
+        gemm, cd, kernels.forward_step, walks.forward_step_split
+    )
     for layer in range(dims.L):
         width = dims.layer_input_size(layer)
         xp = _dense(xp_buf, n_rows, width)  # [N, I_l]
@@ -236,7 +250,8 @@ def lstm_forward(
                     gh_t = gh_t_buf[: 4 * hidden * n].reshape(4 * hidden, n)
                     gemm(w_hh, h[:n].T, out=gh_t)  # [4H, n]
                     kernels.transpose_into(gh, gh_t, n)
-                kernels.forward_step(
+                kernel = forward_step if n * hidden >= split_min else kernels.forward_step
+                kernel(
                     gx[off : off + n], g_rec, bias, h, c, n,
                     s_i[t], s_g[t], s_f[t], s_o[t], s_h[t], s_c[t], s_tc[t], y_d[t],
                 )  # fmt: skip
@@ -294,6 +309,9 @@ def lstm_backward(
     (xh_buf, dg_buf, cp_buf, dw_buf, dh_buf, dc_buf, dx_buf, dy_buf, acts_buf, xht_buf,
      dgt_buf) = arena.take_all(backward_workspace_slots(dims, dtype, gemm))  # fmt: skip
     pair = _pair_walks(dims, dtype, gemm)
+    backward_step, split_min = _step_kernels(
+        gemm, cd, kernels.backward_step, walks.backward_step_split
+    )
     # the layout of dW = dG^T @ [x | h_prev] (see gemm.Gemm); "nt" packs x and h_prev each
     # dense (operands of their own GEMM), the others [x | h_prev] in the rows of xh
     layout = gemm.weight_grad_layout(cd, t_steps * batch, dims.G) if need_dw else "rows"
@@ -378,7 +396,8 @@ def lstm_backward(
                 for step, (t, n, off) in enumerate(st.walks[1 - d]):
                     if not n:
                         continue
-                    kernels.backward_step(
+                    kernel = backward_step if n * hidden >= split_min else kernels.backward_step
+                    kernel(
                         dy_d[t if dy is not None else 0], dy is not None, dh, dc,
                         s_i[t], s_g[t], s_f[t], s_o[t], s_tc[t], cp[off : off + n],
                         dg[off : off + n], n,

@@ -1,4 +1,5 @@
-"""Whole step loops in Numba, for the two directions of a bidirectional layer at once.
+"""The fused engine's two-thread parts: whole step loops in Numba for the two directions of a
+bidirectional layer at once, and step kernels with their rows split over two threads.
 
 On small models the per-step GEMM call dominates (small-2's [8, 128] x [128, 512] costs ~12 us
 through torch, about what a Numba loop takes), and a direction's steps depend on each other,
@@ -8,6 +9,10 @@ threading layer (GNU OpenMP, as torch's) takes 4.0-4.2 ms, also right after a to
 "workqueue" layer, or as two Python threads, 4.2-5.4 ms when the machine is idle but 8.2-10 ms
 right after a torch op, whose OpenMP workers hold the second core. So the pairs run only on the
 OpenMP layer (:func:`pairs_available`).
+
+Larger models keep their recurrent product in the GEMM library, one step at a time, but run
+each step's gate maths on two threads, rows split in two halves (``forward_step_split``,
+``backward_step_split``, where ``Gemm.split_steps`` says so: the same OpenMP layer).
 
 Each walk is one (layer, direction)'s step loop, in the walk ``order`` (0..T-1 for the forward
 direction, T-1..0 for the reverse), with the recurrent product in :func:`kernels.matmul_into`
@@ -100,6 +105,56 @@ def backward_walk_pair(
         else:
             backward_walk(dy1, has_dy, dh1, dc1, w1, i1, g1, f1, o1, tc1, cp1, dg1,
                           ns, offsets, ord1, need_last)  # fmt: skip
+
+
+# Rows split over two threads: a step's gate maths on the rows of two halves of the batch at
+# once (the rows of a step are independent), for models too large to walk whole steps in Numba,
+# where the recurrent product runs in the GEMM library between the steps. Each row is computed
+# exactly as by the one-thread kernel, so results are bitwise the same. Measured here in a loop
+# of torch's recurrent product and the kernel (float32, 100 steps unless noted): forward
+# kernels 3.3 -> 1.7 ms at B = 32, H = 256 (product + kernel 9.1 -> 7.2 ms), 13.8 -> 6.8 ms at
+# B = 64, H = 512, 0.76 -> 0.57 ms at B = 16, H = 128; no gain at 512 elements a step (B = 8,
+# H = 64: 0.39 vs 0.40 ms; B = 4, H = 128: 0.32 -> 0.40 ms). The backward kernel (no
+# transcendentals) gains less: 7.4 -> 5.2 ms at B = 64, H = 512, 4.9 -> 3.6 ms at B = 32,
+# H = 256, T = 250. Whole forward + backward passes (BENCH shapes, split and one-thread
+# alternated in one process): med-3 38.5 -> 36.0 ms, med-4 77.3 -> 70.7, med-5 136 -> 123,
+# med-6 455 -> 436, large-1 129 -> 117, large-2 218 -> 215, med-1 18.5 -> 17.9.
+SPLIT_MIN_ELEMENTS = 2048  # active rows * H of a step, from which the split pays
+
+
+@_parallel
+def forward_step_split(
+    gx, gh, bias, h, c, n, s_i, s_g, s_f, s_o, s_h, s_c, s_tc, y
+):  # pragma: no cover
+    """:func:`kernels.forward_step` on two threads: rows [0, m) and [m, B), m = ceil(n / 2)
+    (the second half holds the step's other n - m active rows and the masked ones)."""
+    rows = h.shape[0]
+    m = (n + 1) // 2
+    for q in prange(2):
+        lo = 0 if q == 0 else m
+        hi = m if q == 0 else rows
+        k = m if q == 0 else n - m
+        forward_step(
+            gx[lo : lo + k], gh[lo:hi], bias, h[lo:hi], c[lo:hi], k,
+            s_i[lo:hi], s_g[lo:hi], s_f[lo:hi], s_o[lo:hi], s_h[lo:hi], s_c[lo:hi],
+            s_tc[lo:hi], y[lo:hi],
+        )  # fmt: skip
+
+
+@_parallel
+def backward_step_split(
+    dy, has_dy, dh, dc, s_i, s_g, s_f, s_o, s_tc, c_prev, dg, n
+):  # pragma: no cover
+    """:func:`kernels.backward_step` on two threads: active rows [0, m) and [m, n) (dy: any
+    array without has_dy, as there)."""
+    m = (n + 1) // 2
+    for q in prange(2):
+        lo = 0 if q == 0 else m
+        hi = m if q == 0 else n
+        backward_step(
+            dy[lo:hi], has_dy, dh[lo:hi], dc[lo:hi], s_i[lo:hi], s_g[lo:hi],
+            s_f[lo:hi], s_o[lo:hi], s_tc[lo:hi], c_prev[lo:hi], dg[lo:hi], hi - lo,
+        )  # fmt: skip
 
 
 _decided: tuple[int, bool] | None = None  # (pid, answer) of the process that decided
