@@ -599,3 +599,38 @@ def test_split_steps_through_the_engine(monkeypatch, case):
             assert_close(getattr(bw, name), getattr(ref, name), 1e-10)
     for g, r in zip(bw.dparams, ref.dparams, strict=True):
         assert_close(g, r, 1e-10)
+
+
+_THREADS_CHILD = """
+import torch
+torch.set_num_threads(1)
+import lstmgrad.nn
+assert torch.get_num_threads() == 1  # (read before the first call: the case that lost it)
+for h, b in ((16, 4), (128, 16)):  # tiny, then large enough for split steps and pair walks
+    for d in (False, True):
+        m = lstmgrad.nn.LSTM(8, h, bidirectional=d)
+        m(torch.randn(3, b, 8))[0].sum().backward()
+        assert torch.get_num_threads() == 1, (h, d, torch.get_num_threads())
+import numpy as np
+from lstmgrad.fused import walks
+from lstmgrad.tensors import TorchGemm
+print(walks.pairs_available(), torch.get_num_threads(),
+      TorchGemm().split_steps(np.dtype(np.float32)),
+      TorchGemm().walk_pairs(np.dtype(np.float32), 4, 16))
+"""
+
+
+def test_torch_thread_count_is_kept():
+    """A process that set torch.set_num_threads(1) keeps it through lstmgrad's calls (starting
+    Numba's OpenMP pool would set it to Numba's count), and lstmgrad then uses one thread too
+    (no split steps, no pair walks)."""
+    import subprocess
+    import sys
+
+    from lstmgrad.fused import walks
+
+    if not walks.pairs_available():
+        pytest.skip("Numba's threading layer here is not OpenMP")
+    out = subprocess.run([sys.executable, "-c", _THREADS_CHILD], capture_output=True,
+                         text=True, timeout=300, check=True).stdout.split()  # fmt: skip
+    assert out == ["True", "1", "False", "False"], out

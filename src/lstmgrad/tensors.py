@@ -256,12 +256,17 @@ class TorchGemm:
             return "rows"
         return "tn" if n >= g else "nt"
 
+    def _two_threads(self) -> bool:
+        # the second thread only where torch itself may use two (torch.set_num_threads(1) is
+        # kept: e.g. one process per core)
+        return pairs_available() and self._torch.get_num_threads() >= 2
+
     def walk_pairs(self, dtype: np.dtype, rows: int, hidden: int) -> bool:
-        return rows * hidden * 4 * hidden <= _PAIR_MAX_MNK and pairs_available()
+        return rows * hidden * 4 * hidden <= _PAIR_MAX_MNK and self._two_threads()
 
     def split_steps(self, dtype: np.dtype) -> bool:
         # GNU OpenMP as torch's (see fused.walks: the threads are free between torch's ops)
-        return pairs_available()
+        return self._two_threads()
 
     def tn(self, a: np.ndarray, bt: np.ndarray, /) -> np.ndarray:
         # (a.T @ bt.T)^T = bt @ a, transposed back by torch's copy (a fast one)

@@ -23,6 +23,7 @@ and the gate maths in the per-step kernels; variable lengths as in the engine (s
 from __future__ import annotations
 
 import os
+import sys
 
 import numba
 import numpy as np
@@ -184,8 +185,14 @@ def _probe(a):  # pragma: no cover
 
 
 def _check_pairs() -> bool:
+    # Starting Numba's OpenMP pool sets the calling thread's OpenMP thread count to Numba's
+    # (seen through torch.get_num_threads()): a count torch was given is put back.
+    torch = sys.modules.get("torch")
+    torch_threads = torch.get_num_threads() if torch is not None else None
     try:
         _probe(np.zeros(2))
+        if torch_threads is not None and torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)
         if numba.threading_layer() != "omp":
             return False
         with open("/proc/self/maps") as maps:
