@@ -188,10 +188,10 @@ def _check_pairs() -> bool:
     # Starting Numba's OpenMP pool sets the calling thread's OpenMP thread count to Numba's
     # (seen through torch.get_num_threads()): a count torch was given is put back.
     torch = sys.modules.get("torch")
-    torch_threads = torch.get_num_threads() if torch is not None else None
+    torch_threads = torch.get_num_threads() if torch is not None else 0
     try:
         _probe(np.zeros(2))
-        if torch_threads is not None and torch.get_num_threads() != torch_threads:
+        if torch is not None and torch.get_num_threads() != torch_threads:
             torch.set_num_threads(torch_threads)
         if numba.threading_layer() != "omp":
             return False
