@@ -458,16 +458,24 @@ def test_pair_walks_off_in_a_forked_child():
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
-def test_pair_walks_from_concurrent_threads():
-    """Two Python threads running pair walks at once (Numba's OpenMP layer is thread-safe):
-    each gets the single-threaded result bit for bit."""
+@pytest.mark.parametrize(
+    "size",
+    [
+        dict(bidirectional=True, t=7, b=3, i=4, h=6),
+        dict(bidirectional=False, t=5, b=16, i=8, h=128),
+    ],
+    ids=["pair-walks", "split-steps"],
+)
+def test_two_thread_paths_from_concurrent_threads(size):
+    """Two Python threads running pair walks, or split step kernels, at once (Numba's OpenMP
+    layer is thread-safe): each gets the result of a call alone bit for bit."""
     import threading
 
     from lstmgrad.fused import walks
 
     if not walks.pairs_available():
         pytest.skip("Numba's threading layer here is not OpenMP: no pair walks")
-    x, hx, params, dy, kw = make(np.float32, num_layers=2, t=7, b=3, i=4, h=6)
+    x, hx, params, dy, kw = make(np.float32, num_layers=2, **size)
     args = [tensors(a) for a in (x, params, hx)]
 
     def run():
