@@ -642,3 +642,28 @@ def test_torch_thread_count_is_kept():
     out = subprocess.run([sys.executable, "-c", _THREADS_CHILD], capture_output=True,
                          text=True, timeout=300, check=True).stdout.split()  # fmt: skip
     assert out == ["True", "1", "False", "False"], out
+
+
+def test_one_numba_thread_means_one_thread_paths():
+    """With Numba limited to one thread (numba.set_num_threads(1), per calling thread) neither
+    the pair walks nor the split steps are chosen; with two they are."""
+    import numba
+
+    from lstmgrad.fused import walks
+    from lstmgrad.tensors import TorchGemm
+
+    if (
+        not walks.pairs_available()
+        or numba.config.NUMBA_NUM_THREADS < 2
+        or torch.get_num_threads() < 2
+    ):
+        pytest.skip("Numba's threading layer here is not OpenMP, or Numba or torch has one thread")
+    f32, gemm = np.dtype(np.float32), TorchGemm()
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(2)
+        assert gemm.split_steps(f32) and gemm.walk_pairs(f32, 4, 16)
+        numba.set_num_threads(1)
+        assert not gemm.split_steps(f32) and not gemm.walk_pairs(f32, 4, 16)
+    finally:
+        numba.set_num_threads(before)

@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import LstmInvalidArgumentError
 from .fused.kernels import matmul_into
-from .fused.walks import pairs_available
+from .fused.walks import two_threads
 from .gemm import FixedGemm
 
 
@@ -259,7 +259,7 @@ class TorchGemm:
     def _two_threads(self) -> bool:
         # the second thread only where torch itself may use two (torch.set_num_threads(1) is
         # kept: e.g. one process per core)
-        return pairs_available() and self._torch.get_num_threads() >= 2
+        return two_threads() and self._torch.get_num_threads() >= 2
 
     def walk_pairs(self, dtype: np.dtype, rows: int, hidden: int) -> bool:
         return rows * hidden * 4 * hidden <= _PAIR_MAX_MNK and self._two_threads()

@@ -178,6 +178,12 @@ def pairs_available() -> bool:
     return answer and owner == pid
 
 
+def two_threads() -> bool:
+    """:func:`pairs_available`, and Numba may use two threads in the calling thread
+    (NUMBA_NUM_THREADS, numba.set_num_threads): where the two-thread kernels run."""
+    return pairs_available() and numba.get_num_threads() >= 2
+
+
 @numba.njit(parallel=True, cache=True)
 def _probe(a):  # pragma: no cover
     for j in prange(a.shape[0]):
