@@ -46,6 +46,17 @@ def assert_close(got, want, rtol):
     assert err <= rtol, err
 
 
+def assert_backward_close(got, want, rtol):
+    """Every output of two backward results: the same ones present (output_mask), each close."""
+    for name in ("dx", "dh_prev", "dc_prev"):
+        assert (getattr(got, name) is None) == (getattr(want, name) is None), name
+        if getattr(want, name) is not None:
+            assert_close(getattr(got, name), getattr(want, name), rtol)
+    assert (got.dparams is None) == (want.dparams is None)
+    for g, w in zip(got.dparams or [], want.dparams or [], strict=True):
+        assert_close(g, w, rtol)
+
+
 SIZES = {
     "small": dict(t=4, b=3, i=5, h=6),
     # large enough for every oneDNN path of TorchGemm (plain and packed recurrent weight)
@@ -252,12 +263,7 @@ def test_weight_gradient_layouts_with_output_masks(size, mask):
     args = (x, hx, params, dy, hx[0], hx[1], *fw.saved[:7])
     want = lstmgrad.lstm_backward(*args, output_mask=mask, impl="reference", **kw)
     got = lstmgrad.lstm_backward(*[tensors(a) for a in args], output_mask=mask, **kw)
-    for name in ("dx", "dh_prev", "dc_prev"):
-        assert (getattr(got, name) is None) == (getattr(want, name) is None), name
-        if getattr(want, name) is not None:
-            assert_close(getattr(got, name), getattr(want, name), 2e-5)
-    for g, w in zip(got.dparams, want.dparams, strict=True):
-        assert_close(g, w, 2e-5)
+    assert_backward_close(got, want, 2e-5)
 
 
 @pytest.mark.parametrize("size", ["small", "onednn", "tn"])
@@ -418,14 +424,8 @@ def test_bidirectional_pair_walks(monkeypatch, dtype, rtol, case):
     ref = lstmgrad.lstm_backward(*args, output_mask=mask, impl="reference", **kw)
     got = lstmgrad.lstm_backward(*[tensors(a) for a in args], output_mask=mask, **kw)
     assert taken == ["forward_walk_pair"] * 2 + ["backward_walk_pair"] * 2  # 2 layers
-    for name in ("dx", "dh_prev", "dc_prev"):
-        assert (getattr(got, name) is None) == (getattr(want, name) is None), name
-        if getattr(want, name) is not None:
-            assert_close(getattr(got, name), getattr(want, name), rtol)
-            assert_close(getattr(got, name), getattr(ref, name), max(rtol, 1e-5))
-    for g, w, r in zip(got.dparams, want.dparams, ref.dparams, strict=True):
-        assert_close(g, w, rtol)
-        assert_close(g, r, max(rtol, 1e-5))
+    assert_backward_close(got, want, rtol)
+    assert_backward_close(got, ref, max(rtol, 1e-5))
 
 
 def _pair_output(queue=None):
@@ -601,12 +601,7 @@ def test_split_steps_through_the_engine(monkeypatch, case):
     ref_fw = lstmgrad.lstm_forward(x, params, hx, bs, impl="reference", **kw)
     assert_close(fw.output, ref_fw.output, 1e-12)
     ref = lstmgrad.lstm_backward(*args, output_mask=mask, impl="reference", **kw)
-    for name in ("dx", "dh_prev", "dc_prev"):
-        assert (getattr(bw, name) is None) == (getattr(ref, name) is None), name
-        if getattr(ref, name) is not None:
-            assert_close(getattr(bw, name), getattr(ref, name), 1e-10)
-    for g, r in zip(bw.dparams, ref.dparams, strict=True):
-        assert_close(g, r, 1e-10)
+    assert_backward_close(bw, ref, 1e-10)
 
 
 _THREADS_CHILD = """
