@@ -197,12 +197,13 @@ def _check_pairs() -> bool:
     torch_threads = torch.get_num_threads() if torch is not None else 0
     try:
         _probe(np.zeros(2))
-        if torch is not None and torch.get_num_threads() != torch_threads:
-            torch.set_num_threads(torch_threads)
         if numba.threading_layer() != "omp":
             return False
         with open("/proc/self/maps") as maps:
             libs = {line.split()[-1] for line in maps if ".so" in line}
     except Exception:  # no threading layer loads, no /proc: walk one direction at a time
         return False
+    finally:
+        if torch is not None and torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)
     return not any("libiomp" in lib or "/libomp" in lib for lib in libs)
