@@ -28,6 +28,8 @@ between layers are kept in the compute dtype but hold storage-rounded values.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..contract import BackwardCall, ForwardCall, LstmSaved
@@ -95,7 +97,9 @@ def _pair_walks(dims: Dims, dtype: np.dtype, gemm: Gemm) -> bool:
     return dims.D == 2 and cd == np.dtype(dtype) and gemm.walk_pairs(cd, dims.B, dims.H)
 
 
-def _step_kernels(gemm: Gemm, cd: np.dtype, serial, split) -> tuple:
+def _step_kernels(
+    gemm: Gemm, cd: np.dtype, serial: Callable, split: Callable
+) -> tuple[Callable, float]:
     """(kernel, n) : the step kernel for steps of at least n active-row elements (n_t * H),
     ``split`` (its rows on two threads, fused.walks) where ``gemm.split_steps`` says so, and
     ``serial`` for smaller steps (every step where n is infinite)."""
