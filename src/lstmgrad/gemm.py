@@ -1,5 +1,9 @@
 """The GEMMs an engine runs, behind one small interface, so that one engine serves NumPy callers
-(NumPy's BLAS) and torch callers (torch's BLAS / oneDNN, see :mod:`lstmgrad.tensors`)."""
+(NumPy's BLAS) and torch callers (torch's BLAS / oneDNN, see :mod:`lstmgrad.tensors`).
+
+A back end only multiplies: which of its methods runs a product is the execution plan's choice
+(:mod:`lstmgrad.plan`), made from measurements on the machine in use.
+"""
 
 from __future__ import annotations
 
@@ -8,71 +12,94 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .fused.kernels import matmul_into, transpose_into
+
 # (a, out) -> a @ b for a fixed b: in out, or in the library's own new result, returned
 FixedGemm = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 class Gemm(Protocol):
-    """``gemm(a, b, out=c)``: c = a @ b (2-D, written in place, like np.matmul);
-    ``gemm.result(a, b, scratch)``: a @ b in scratch, or in new memory where the library returns
-    its own result faster than it copies it (the caller uses the returned array);
-    ``gemm.fixed(b, rows, calls)``: the same product as a function of (a, out) for one b reused
-    over about ``calls`` calls with at most ``rows`` rows in a (the recurrent product of every
-    step), which a library may prepare for (a packed copy of b, where the calls repay it); like
-    ``result``, it returns the array holding the product: out, or the library's own result where
-    that saves a copy.
+    """A GEMM back end.
 
-    The weight gradient dW = dG^T @ [x | h_prev] ([4H, N] x [N, I + H], N rows of all steps) is
-    computed in the layout ``gemm.weight_grad_layout(dtype, n, g)`` names (n = T*B, g = 4H):
-    "rows", ``gemm(dG.T, xh, out=dw)``; "tn", ``gemm.tn(dG, xh^T)`` from [x | h_prev] stored
-    transposed; "nt", ``gemm.nt(dG^T, x)`` and ``gemm.nt(dG^T, h_prev)`` from dG stored
-    transposed, the results used as returned (some libraries run these layouts much faster).
+    ``kind``: "numpy" or "torch" (part of the plan's key). ``product_methods(dtype)``: the
+    methods :meth:`product`, :meth:`tn` and :meth:`nt` take for that compute dtype, the public
+    one ("blas") first. ``fixed_methods(dtype)``: those :meth:`fixed` takes.
 
-    ``gemm.walk_pairs(dtype, rows, hidden)``: whether the two directions of a bidirectional layer
-    (batch ``rows``, ``hidden`` H) should walk at once, each step loop in one Numba call with
-    its recurrent product in Numba (lstmgrad.fused.walks), instead of through this library.
-    ``gemm.split_steps(dtype)``: whether a step's gate maths may run its rows on two threads
-    (fused.walks.forward_step_split) between this library's recurrent products.
+    ``product(a, b, scratch, method)``: a @ b in scratch, or in new memory where the method
+    returns its own result (the caller uses the returned array). ``fixed(b, method, rows)``: the
+    same product as a function of (a, out) for one b reused over many calls with at most
+    ``rows`` rows in a (the recurrent product of every step); it returns the array holding the
+    product: out, or the library's own result. ``tn(a, bt, method)``: a.T @ bt.T, C-contiguous,
+    for C-contiguous a [K, M] and bt [N, K]; ``nt(at, b, method)``: at @ b as a new array.
+    ``threads()``: the threads the library's GEMMs use.
     """
 
-    #: whether the forward's recurrent product pays as (W_hh h^T)^T plus a transpose
-    transposed_forward: bool
+    kind: str
 
-    def __call__(self, a: np.ndarray, b: np.ndarray, /, *, out: np.ndarray) -> Any: ...
+    def product_methods(self, dtype: np.dtype) -> tuple[str, ...]: ...
 
-    def result(self, a: np.ndarray, b: np.ndarray, scratch: np.ndarray, /) -> np.ndarray: ...
+    def fixed_methods(self, dtype: np.dtype) -> tuple[str, ...]: ...
 
-    def fixed(self, b: np.ndarray, rows: int, calls: int) -> FixedGemm: ...
+    def product(self, a: np.ndarray, b: np.ndarray, scratch: np.ndarray, method: str, /) -> Any: ...
 
-    def weight_grad_layout(self, dtype: np.dtype, n: int, g: int) -> str: ...
+    def fixed(self, b: np.ndarray, method: str, rows: int) -> FixedGemm: ...
 
-    def walk_pairs(self, dtype: np.dtype, rows: int, hidden: int) -> bool: ...
+    def tn(self, a: np.ndarray, bt: np.ndarray, method: str, /) -> np.ndarray: ...
 
-    def split_steps(self, dtype: np.dtype) -> bool: ...
+    def nt(self, at: np.ndarray, b: np.ndarray, method: str, /) -> np.ndarray: ...
 
-    def tn(self, a: np.ndarray, bt: np.ndarray, /) -> np.ndarray:
-        """a.T @ bt.T, C-contiguous, for C-contiguous a [K, M] and bt [N, K]."""
-        ...
+    def threads(self) -> int: ...
 
-    def nt(self, at: np.ndarray, b: np.ndarray, /) -> np.ndarray:
-        """at @ b as a new C-contiguous array, for C-contiguous at [M, K] and b [K, N]."""
-        ...
+
+def loop_product(b: np.ndarray) -> FixedGemm:
+    """The "loop" method of :meth:`Gemm.fixed`: a Numba loop on one thread, no library call
+    (its per-call overhead dominates tiny products)."""
+    bc = np.ascontiguousarray(b)  # the loop reads b by rows
+
+    def loop(a: np.ndarray, out: np.ndarray) -> np.ndarray:
+        matmul_into(a, bc, out)
+        return out
+
+    return loop
+
+
+def transposed_product(b: np.ndarray, rows: int, mm: Callable[..., Any]) -> FixedGemm:
+    """The "blas_t" method of :meth:`Gemm.fixed`: a @ b as (b^T a^T)^T, the library's product
+    into a [N, rows] scratch and a tiled transpose (some BLAS run faster with the wide
+    dimension as M than with a small batch); ``mm(x, y, out)`` is the library's product."""
+    bt = np.ascontiguousarray(b.T)  # [N, K]
+    tmp = np.empty(bt.shape[0] * max(rows, 1), dtype=b.dtype)
+
+    def transposed(a: np.ndarray, out: np.ndarray) -> np.ndarray:
+        n = a.shape[0]
+        t = tmp[: bt.shape[0] * n].reshape(bt.shape[0], n)
+        mm(bt, a.T, t)  # [N, n]
+        transpose_into(out, t, n)
+        return out
+
+    return transposed
 
 
 class NumpyGemm:
     """NumPy's BLAS (OpenBLAS in the PyPI wheels)."""
 
-    # OpenBLAS runs up to 1.9x faster with 4H than with a small batch as M: see the engine
-    transposed_forward = True
+    kind = "numpy"
 
-    def __call__(self, a: np.ndarray, b: np.ndarray, /, *, out: np.ndarray) -> None:
-        np.matmul(a, b, out=out)
+    def product_methods(self, dtype: np.dtype) -> tuple[str, ...]:
+        return ("blas",)
 
-    def result(self, a: np.ndarray, b: np.ndarray, scratch: np.ndarray, /) -> np.ndarray:
+    def fixed_methods(self, dtype: np.dtype) -> tuple[str, ...]:
+        return ("blas", "blas_t", "loop")
+
+    def product(self, a: np.ndarray, b: np.ndarray, scratch: np.ndarray, method: str, /) -> Any:
         # into the caller's (recycled) scratch: a new array pays its page faults every call
         return np.matmul(a, b, out=scratch)
 
-    def fixed(self, b: np.ndarray, rows: int, calls: int) -> FixedGemm:
+    def fixed(self, b: np.ndarray, method: str, rows: int) -> FixedGemm:
+        if method == "loop":
+            return loop_product(b)
+        if method == "blas_t":
+            return transposed_product(b, rows, lambda x, y, out: np.matmul(x, y, out=out))
         b = np.ascontiguousarray(b)  # one layout for BLAS: results never depend on b's strides
 
         def product(a: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -80,22 +107,16 @@ class NumpyGemm:
 
         return product
 
-    def weight_grad_layout(self, dtype: np.dtype, n: int, g: int) -> str:
-        return "rows"  # OpenBLAS takes dG^T @ [x | h_prev] as it is
-
-    def walk_pairs(self, dtype: np.dtype, rows: int, hidden: int) -> bool:
-        return False  # OpenBLAS's own threads would hold the second core
-
-    def split_steps(self, dtype: np.dtype) -> bool:
-        # OpenBLAS's threads spin between its calls and fight the kernel's: measured 30-55x
-        # slower (BENCH med-3 forward + backward 57 ms -> 1.7 s)
-        return False
-
-    def tn(self, a: np.ndarray, bt: np.ndarray, /) -> np.ndarray:
+    def tn(self, a: np.ndarray, bt: np.ndarray, method: str, /) -> np.ndarray:
         return np.ascontiguousarray(np.matmul(a.T, bt.T))
 
-    def nt(self, at: np.ndarray, b: np.ndarray, /) -> np.ndarray:
+    def nt(self, at: np.ndarray, b: np.ndarray, method: str, /) -> np.ndarray:
         return np.matmul(at, b)
+
+    def threads(self) -> int:
+        from .machine import blas_threads
+
+        return blas_threads()
 
 
 NUMPY_GEMM = NumpyGemm()

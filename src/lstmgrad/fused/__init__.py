@@ -1,5 +1,5 @@
-"""The fast CPU engine: GEMMs around disk-cached Numba kernels (single-threaded, but for the two
-directions of small bidirectional layers given as tensors: fused.walks).
+"""The fast CPU engine: GEMMs around disk-cached Numba kernels, run as each call's execution plan
+(lstmgrad.plan) says (multi-threaded kernels: fused.walks).
 
 Same functions as :mod:`lstmgrad.reference`; the default engine of the public API.
 """

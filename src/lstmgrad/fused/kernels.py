@@ -1,8 +1,7 @@
 """Numba kernels of the fused engine: the per-step gate maths and the row packing around it.
 
-Every kernel here is single-threaded (on 2 cores Numba's threads and the BLAS's fight; the
-exceptions, on Numba's OpenMP layer where torch's GEMMs run, are in fused.walks) and cached on
-disk. They work on float32 or float64 arrays (Numba has no float16: the engine converts).
+Every kernel here is single-threaded (the multi-threaded ones, on Numba's OpenMP layer, are in
+fused.walks) and cached on disk. They work on float32 or float64 arrays (Numba has no float16: the engine converts).
 Rows are "packed": step t's n_t active rows b < n_t sit at rows offsets[t] .. offsets[t]+n_t-1
 of a [N, *] array, N = sum(n_t); without batch sizes n_t = B and offsets[t] = t*B.
 """

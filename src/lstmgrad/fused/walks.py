@@ -1,18 +1,16 @@
-"""The fused engine's two-thread parts: whole step loops in Numba for the two directions of a
-bidirectional layer at once, and step kernels with their rows split over two threads.
+"""The fused engine's multi-threaded parts, on Numba's OpenMP threading layer: whole step loops
+in Numba for the two directions of a bidirectional layer at once, and step kernels with their
+rows split over several threads.
 
-On small models the per-step GEMM call dominates (small-2's [8, 128] x [128, 512] costs ~12 us
-through torch, about what a Numba loop takes), and a direction's steps depend on each other,
-so the one parallelism left is the two directions. Measured on small-2's two forward walks
-(8.0-8.6 ms one after the other): a Numba ``prange`` over the directions on Numba's OpenMP
-threading layer (GNU OpenMP, as torch's) takes 4.0-4.2 ms, also right after a torch op; on its
-"workqueue" layer, or as two Python threads, 4.2-5.4 ms when the machine is idle but 8.2-10 ms
-right after a torch op, whose OpenMP workers hold the second core. So the pairs run only on the
-OpenMP layer (:func:`pairs_available`).
-
-Larger models keep their recurrent product in the GEMM library, one step at a time, but run
-each step's gate maths on two threads, rows split in two halves (``forward_step_split``,
-``backward_step_split``, where ``Gemm.split_steps`` says so: the same OpenMP layer).
+On small models the per-step GEMM call dominates, and a direction's steps depend on each
+other, so the one parallelism left is the two directions: each walks its whole step loop in
+one Numba call, recurrent product included (:func:`forward_walk_pair`,
+:func:`backward_walk_pair`). Larger models keep their recurrent product in the GEMM library,
+one step at a time, and run each step's gate maths with its rows split over threads
+(:func:`forward_step_split`, :func:`backward_step_split`). The execution plan
+(lstmgrad.plan) decides which runs, from measurements; these run only where Numba's layer is
+GNU OpenMP, the runtime torch uses (:func:`pairs_available`): another layer, or a second
+OpenMP runtime, would keep a pool of threads spinning against torch's.
 
 Each walk is one (layer, direction)'s step loop, in the walk ``order`` (0..T-1 for the forward
 direction, T-1..0 for the reverse), with the recurrent product in :func:`kernels.matmul_into`
@@ -24,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -53,20 +52,59 @@ def forward_walk(
         )  # fmt: skip
 
 
+class ForwardWalk(NamedTuple):
+    """One direction's arguments of :func:`forward_walk_pair` (those of :func:`forward_walk`)."""
+
+    gx: np.ndarray  # [N, 4H] input projection
+    w_t: np.ndarray  # [H, 4H] W_hh^T, C-contiguous
+    bias: np.ndarray  # [4H]
+    h: np.ndarray  # [B, H] running state
+    c: np.ndarray  # [B, H]
+    gh: np.ndarray  # [B, 4H] scratch
+    order: np.ndarray  # [T] walk order
+    # saved activations and output, [T, B, H] each
+    s_i: np.ndarray
+    s_g: np.ndarray
+    s_f: np.ndarray
+    s_o: np.ndarray
+    s_h: np.ndarray
+    s_c: np.ndarray
+    s_tc: np.ndarray
+    y: np.ndarray
+
+
+class BackwardWalk(NamedTuple):
+    """One direction's arguments of :func:`backward_walk_pair` (those of :func:`backward_walk`)."""
+
+    dy: np.ndarray  # [T, B, H] (a dummy without has_dy)
+    dh: np.ndarray  # [B, H] running gradients
+    dc: np.ndarray  # [B, H]
+    w: np.ndarray  # [4H, H] W_hh, C-contiguous
+    # saved activations, [T, B, H] each
+    s_i: np.ndarray
+    s_g: np.ndarray
+    s_f: np.ndarray
+    s_o: np.ndarray
+    s_tc: np.ndarray
+    cp: np.ndarray  # [N, H] packed c_prev
+    dg: np.ndarray  # [N, 4H] gate gradients, written
+    order: np.ndarray  # [T] walk order (the reverse of the forward's)
+
+
+@_jit
+def _forward_walk_of(w, ns, offsets):  # pragma: no cover
+    forward_walk(w.gx, w.w_t, w.bias, w.h, w.c, w.gh, ns, offsets, w.order,
+                 w.s_i, w.s_g, w.s_f, w.s_o, w.s_h, w.s_c, w.s_tc, w.y)  # fmt: skip
+
+
 @_parallel
-def forward_walk_pair(
-    gx0, w0, b0, h0, c0, gh0, o0, i0, g0, f0, out0, hs0, cs0, tc0, y0,
-    gx1, w1, b1, h1, c1, gh1, o1, i1, g1, f1, out1, hs1, cs1, tc1, y1,
-    ns, offsets,
-):  # pragma: no cover  # fmt: skip
-    """:func:`forward_walk` of the two directions on two threads (o0, o1: their orders)."""
+def forward_walk_pair(walk0, walk1, ns, offsets):  # pragma: no cover
+    """:func:`forward_walk` of the two directions (:class:`ForwardWalk` each) on two threads."""
     for d in prange(2):
         if d == 0:
-            forward_walk(gx0, w0, b0, h0, c0, gh0, ns, offsets, o0,
-                         i0, g0, f0, out0, hs0, cs0, tc0, y0)  # fmt: skip
+            _forward_walk_of(walk0, ns, offsets)
         else:
-            forward_walk(gx1, w1, b1, h1, c1, gh1, ns, offsets, o1,
-                         i1, g1, f1, out1, hs1, cs1, tc1, y1)  # fmt: skip
+            _forward_walk_of(walk1, ns, offsets)
 
 
 @_jit
@@ -92,49 +130,42 @@ def backward_walk(
             matmul_into(dg[off : off + n], w, dh[:n])
 
 
+@_jit
+def _backward_walk_of(w, has_dy, ns, offsets, need_last):  # pragma: no cover
+    backward_walk(w.dy, has_dy, w.dh, w.dc, w.w, w.s_i, w.s_g, w.s_f, w.s_o, w.s_tc, w.cp, w.dg,
+                  ns, offsets, w.order, need_last)  # fmt: skip
+
+
 @_parallel
-def backward_walk_pair(
-    dy0, dh0, dc0, w0, i0, g0, f0, o0, tc0, cp0, dg0, ord0,
-    dy1, dh1, dc1, w1, i1, g1, f1, o1, tc1, cp1, dg1, ord1,
-    has_dy, ns, offsets, need_last,
-):  # pragma: no cover  # fmt: skip
-    """:func:`backward_walk` of the two directions on two threads."""
+def backward_walk_pair(walk0, walk1, has_dy, ns, offsets, need_last):  # pragma: no cover
+    """:func:`backward_walk` of the two directions (:class:`BackwardWalk` each) on two
+    threads."""
     for d in prange(2):
         if d == 0:
-            backward_walk(dy0, has_dy, dh0, dc0, w0, i0, g0, f0, o0, tc0, cp0, dg0,
-                          ns, offsets, ord0, need_last)  # fmt: skip
+            _backward_walk_of(walk0, has_dy, ns, offsets, need_last)
         else:
-            backward_walk(dy1, has_dy, dh1, dc1, w1, i1, g1, f1, o1, tc1, cp1, dg1,
-                          ns, offsets, ord1, need_last)  # fmt: skip
+            _backward_walk_of(walk1, has_dy, ns, offsets, need_last)
 
 
-# Rows split over two threads: a step's gate maths on the rows of two halves of the batch at
-# once (the rows of a step are independent), for models too large to walk whole steps in Numba,
-# where the recurrent product runs in the GEMM library between the steps. Each row is computed
-# exactly as by the one-thread kernel, so results are bitwise the same. Measured here in a loop
-# of torch's recurrent product and the kernel (float32, 100 steps unless noted): forward
-# kernels 3.3 -> 1.7 ms at B = 32, H = 256 (product + kernel 9.1 -> 7.2 ms), 13.8 -> 6.8 ms at
-# B = 64, H = 512, 0.76 -> 0.57 ms at B = 16, H = 128; no gain at 512 elements a step (B = 8,
-# H = 64: 0.39 vs 0.40 ms; B = 4, H = 128: 0.32 -> 0.40 ms). The backward kernel (no
-# transcendentals) gains less: 7.4 -> 5.2 ms at B = 64, H = 512, 4.9 -> 3.6 ms at B = 32,
-# H = 256, T = 250. Whole forward + backward passes (BENCH shapes, split and one-thread
-# alternated in one process): med-3 38.5 -> 36.0 ms, med-4 77.3 -> 70.7, med-5 136 -> 123,
-# med-6 455 -> 436, large-1 129 -> 117, large-2 218 -> 215, med-1 18.5 -> 17.9.
-SPLIT_MIN_ELEMENTS = 2048  # active rows * H of a step, from which the split pays
+# Rows split over ``parts`` threads: a step's gate maths on ``parts`` blocks of the batch's
+# rows at once (the rows of a step are independent), for models too large to walk whole steps
+# in Numba, where the recurrent product runs in the GEMM library between the steps. Each row is
+# computed exactly as by the one-thread kernel, so results are bitwise the same whatever the
+# number of parts. Whether and from which step size it pays is measured (lstmgrad.tune).
 
 
 @_parallel
 def forward_step_split(
-    gx, gh, bias, h, c, n, s_i, s_g, s_f, s_o, s_h, s_c, s_tc, y
+    gx, gh, bias, h, c, n, parts, s_i, s_g, s_f, s_o, s_h, s_c, s_tc, y
 ):  # pragma: no cover
-    """:func:`kernels.forward_step` on two threads: rows [0, m) and [m, B), m = ceil(n / 2)
-    (the second half holds the step's other n - m active rows and the masked ones)."""
+    """:func:`kernels.forward_step` on ``parts`` threads: active rows in blocks of
+    ceil(n / parts), the last block also holding the masked rows [n, B)."""
     rows = h.shape[0]
-    m = (n + 1) // 2
-    for q in prange(2):
-        lo = 0 if q == 0 else m
-        hi = m if q == 0 else rows
-        k = m if q == 0 else n - m
+    size = (n + parts - 1) // parts
+    for q in prange(parts):
+        lo = min(q * size, n)
+        k = min(lo + size, n) - lo
+        hi = rows if q == parts - 1 else lo + k
         forward_step(
             gx[lo : lo + k], gh[lo:hi], bias, h[lo:hi], c[lo:hi], k,
             s_i[lo:hi], s_g[lo:hi], s_f[lo:hi], s_o[lo:hi], s_h[lo:hi], s_c[lo:hi],
@@ -144,18 +175,19 @@ def forward_step_split(
 
 @_parallel
 def backward_step_split(
-    dy, has_dy, dh, dc, s_i, s_g, s_f, s_o, s_tc, c_prev, dg, n
+    dy, has_dy, dh, dc, s_i, s_g, s_f, s_o, s_tc, c_prev, dg, n, parts
 ):  # pragma: no cover
-    """:func:`kernels.backward_step` on two threads: active rows [0, m) and [m, n) (dy: any
-    array without has_dy, as there)."""
-    m = (n + 1) // 2
-    for q in prange(2):
-        lo = 0 if q == 0 else m
-        hi = m if q == 0 else n
-        backward_step(
-            dy[lo:hi], has_dy, dh[lo:hi], dc[lo:hi], s_i[lo:hi], s_g[lo:hi],
-            s_f[lo:hi], s_o[lo:hi], s_tc[lo:hi], c_prev[lo:hi], dg[lo:hi], hi - lo,
-        )  # fmt: skip
+    """:func:`kernels.backward_step` on ``parts`` threads, active rows in blocks of
+    ceil(n / parts) (dy: any array without has_dy, as there)."""
+    size = (n + parts - 1) // parts
+    for q in prange(parts):
+        lo = min(q * size, n)
+        hi = min(lo + size, n)
+        if hi > lo:
+            backward_step(
+                dy[lo:hi], has_dy, dh[lo:hi], dc[lo:hi], s_i[lo:hi], s_g[lo:hi],
+                s_f[lo:hi], s_o[lo:hi], s_tc[lo:hi], c_prev[lo:hi], dg[lo:hi], hi - lo,
+            )  # fmt: skip
 
 
 _decided: tuple[int, bool] | None = None  # (pid, answer) of the process that decided
@@ -178,10 +210,15 @@ def pairs_available() -> bool:
     return answer and owner == pid
 
 
-def two_threads() -> bool:
-    """:func:`pairs_available`, and Numba may use two threads in the calling thread
-    (NUMBA_NUM_THREADS, numba.set_num_threads): where the two-thread kernels run."""
-    return pairs_available() and numba.get_num_threads() >= 2
+def parallel_threads() -> int:
+    """Threads the multi-threaded kernels may use in the calling thread: 1 where they must not
+    run (:func:`pairs_available` is False), else Numba's thread count (NUMBA_NUM_THREADS,
+    numba.set_num_threads) capped by the CPUs this process may use."""
+    if not pairs_available():
+        return 1
+    from ..machine import numba_threads
+
+    return numba_threads()
 
 
 @numba.njit(parallel=True, cache=True)

@@ -1,0 +1,159 @@
+"""What the machine in use offers: the CPUs this process may run on, the threads each library
+will use, and a fingerprint of the machine and library versions (the key of the tuning cache).
+
+Everything here is read at run time; nothing about a particular CPU is written in the code.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import sys
+from typing import Any
+
+
+@functools.lru_cache(maxsize=1)
+def _cgroup_cpus() -> float | None:
+    """The cgroup (v2, else v1) CPU quota in CPUs, or None where there is none."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            return int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
+            quota_us = int(f.read())
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
+            period_us = int(f.read())
+        if quota_us > 0 and period_us > 0:
+            return quota_us / period_us
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def visible_cpus() -> int:
+    """CPUs this process may use: its affinity mask (taskset, cpusets), capped by a cgroup CPU
+    quota (containers), at least 1."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    quota = _cgroup_cpus()
+    if quota is not None:
+        n = min(n, max(1, int(quota)))
+    return max(1, n)
+
+
+def _env_threads(*names: str) -> int | None:
+    for name in names:
+        value = os.environ.get(name, "").strip()
+        if value:
+            try:
+                return max(1, int(value.split(",")[0]))
+            except ValueError:
+                continue
+    return None
+
+
+def blas_threads() -> int:
+    """Threads NumPy's BLAS uses: what threadpoolctl reports where it is installed, else the
+    environment's limit, else the visible CPUs."""
+    try:
+        from threadpoolctl import threadpool_info
+
+        counts = [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"]
+        if counts:
+            return max(1, min(min(counts), visible_cpus()))
+    except Exception:  # threadpoolctl missing or unable to read a library
+        pass
+    env = _env_threads("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
+    return min(env or visible_cpus(), visible_cpus())
+
+
+def torch_threads() -> int:
+    """torch.get_num_threads() (torch.set_num_threads, OMP_NUM_THREADS), capped by the visible
+    CPUs; 1 where torch is not loaded."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 1
+    return max(1, min(torch.get_num_threads(), visible_cpus()))
+
+
+def numba_threads() -> int:
+    """Threads Numba may use in the calling thread (NUMBA_NUM_THREADS, numba.set_num_threads),
+    capped by the visible CPUs (Numba's default counts every CPU of the machine)."""
+    import numba
+
+    return max(1, min(numba.get_num_threads(), visible_cpus()))
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """The CPU's model name as the OS reports it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _version(name: str) -> str | None:
+    module = sys.modules.get(name)
+    return getattr(module, "__version__", None) if module is not None else None
+
+
+def fingerprint(kind: str) -> dict[str, Any]:
+    """The machine and library facts a measurement depends on, for the back end ``kind``
+    ("numpy" or "torch")."""
+    import numba
+    import numpy as np
+
+    from . import __version__
+
+    facts: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "flags": hashlib.sha1(_cpu_flags().encode()).hexdigest()[:12],
+        "visible_cpus": visible_cpus(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "lstmgrad": __version__,
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "numba_threads": numba_threads(),
+        "kind": kind,
+    }
+    if kind == "torch":
+        facts["torch"] = _version("torch")
+        facts["torch_threads"] = torch_threads()
+    else:
+        facts["blas_threads"] = blas_threads()
+    for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        if os.environ.get(var):
+            facts[var] = os.environ[var]
+    return facts
+
+
+def fingerprint_key(facts: dict[str, Any]) -> str:
+    """A short stable key of :func:`fingerprint`'s facts."""
+    return hashlib.sha1(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,311 @@
+"""Execution plans: which GEMM method, layout and thread count the fused engine uses for a call.
+
+The one place for the engine's policy. :func:`plan_for` turns (dims, dtype, GEMM back end) into
+a :class:`Plan` from measurements taken on the machine in use (:mod:`lstmgrad.tune`), made
+lazily the first time a class of shapes is seen and kept on disk per machine and library
+versions (like FFTW's wisdom), so later processes start with them. The engine executes plans
+and holds no thresholds; the back ends (:mod:`lstmgrad.gemm`) only multiply.
+
+Environment:
+
+- ``LSTMGRAD_TUNE``: ``on`` (default) measures unseen shape classes; ``cached`` uses stored
+  measurements only (the safe plan for unseen classes); ``off`` always runs the safe plan.
+- ``LSTMGRAD_PLAN``: fields forced over every plan, e.g. ``threads=1,fwd_rec=blas``.
+- ``LSTMGRAD_CACHE_DIR``: where measurements are stored (default ``~/.cache/lstmgrad``).
+- ``LSTMGRAD_PRIVATE_OPS=0``: torch's public GEMM (torch.mm) only (:mod:`lstmgrad.tensors`).
+
+``lstmgrad tune`` measures ahead of time, ``lstmgrad tune --show`` prints what is stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .layout import Dims
+from .machine import fingerprint, fingerprint_key
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How the fused engine runs one call.
+
+    big: GEMM method of the input projection, dx and the weight gradient ("blas" or "onednn");
+    weight_grad: layout of dW = dG^T [x | h_prev] ("rows": from the rows of [x | h_prev];
+    "tn": from its transpose; "nt": two products from dG transposed); fwd_rec / bwd_rec: method
+    of the forward's / backward's recurrent product per step (a :meth:`Gemm.fixed` method:
+    "blas", "blas_t", "loop", "onednn", "packed"); threads: threads of the step kernels (1: one
+    thread); split_min: the smallest step (active rows * H) whose kernel splits over them;
+    pair_walks: both directions of a bidirectional layer walk at once on two threads, each step
+    loop in one Numba call (the recurrent methods are then unused).
+    """
+
+    big: str = "blas"
+    weight_grad: str = "rows"
+    fwd_rec: str = "blas"
+    bwd_rec: str = "blas"
+    threads: int = 1
+    split_min: int = 0
+    pair_walks: bool = False
+
+    def describe(self) -> str:
+        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
+
+
+SAFE = Plan()
+"""The plan without measurements: public library calls, one thread for the engine's own
+kernels (the libraries thread their GEMMs as they are told), nothing that could keep two thread
+pools spinning against each other. Correct and safe on any machine."""
+
+_FIELDS = {f.name: f.type for f in dataclasses.fields(Plan)}
+WEIGHT_GRAD_LAYOUTS = ("rows", "tn", "nt")
+
+_forced: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "lstmgrad_forced_plan", default=None
+)
+
+
+def _parse_overrides(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or name not in _FIELDS:
+            raise ValueError(
+                f"LSTMGRAD_PLAN: expected comma-separated field=value with fields "
+                f"{sorted(_FIELDS)}, got {item!r}"
+            )
+        if name in ("threads", "split_min"):
+            out[name] = int(value)
+        elif name == "pair_walks":
+            out[name] = value.lower() in ("1", "true", "yes", "on")
+        else:
+            out[name] = value
+    return out
+
+
+def overrides() -> dict[str, Any]:
+    """Fields forced over every plan: LSTMGRAD_PLAN, then :func:`forced` (innermost last)."""
+    return {**_parse_overrides(os.environ.get("LSTMGRAD_PLAN", "")), **(_forced.get() or {})}
+
+
+@contextlib.contextmanager
+def forced(**fields: Any) -> Iterator[None]:
+    """Force plan fields within a block (this thread / context), e.g. ``forced(threads=1)``;
+    a field the back end cannot run falls back as in :func:`plan_for`."""
+    for name in fields:
+        if name not in _FIELDS:
+            raise ValueError(
+                f"forced: unknown plan field {name!r}, expected one of {sorted(_FIELDS)}"
+            )
+    token = _forced.set({**(_forced.get() or {}), **fields})
+    try:
+        yield
+    finally:
+        _forced.reset(token)
+
+
+def mode() -> str:
+    """LSTMGRAD_TUNE: "on" (default), "cached" or "off"."""
+    value = os.environ.get("LSTMGRAD_TUNE", "on").strip().lower()
+    if value in ("0", "off", "false", "no", "safe"):
+        return "off"
+    if value in ("cached", "cache"):
+        return "cached"
+    return "on"
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """float64 for float64 storage, float32 otherwise (float16 computes in float32)."""
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+def step_class(dims: Dims, dtype: np.dtype, kind: str) -> dict[str, Any]:
+    """The shape class of the step loops' measurements: batch, hidden size, directions."""
+    return {"what": "steps", "kind": kind, "dtype": str(compute_dtype(dtype)), "B": dims.B,
+            "H": dims.H, "D": dims.D}  # fmt: skip
+
+
+def bucket(n: int) -> int:
+    """n rounded up to a power of two (the row count of a class of big products)."""
+    return 1 << max(0, int(n - 1).bit_length())
+
+
+def big_class(dims: Dims, dtype: np.dtype, kind: str) -> dict[str, Any]:
+    """The shape class of the big products' measurements: rows of all steps (bucketed), the
+    input size, hidden size."""
+    return {"what": "big", "kind": kind, "dtype": str(compute_dtype(dtype)),
+            "N": bucket(dims.T * dims.B), "I": dims.I, "H": dims.H}  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# the store of measurements ("wisdom"): one JSON file per machine fingerprint
+
+
+class Wisdom:
+    """Measured decisions of one machine fingerprint, in memory and on disk."""
+
+    def __init__(self, facts: dict[str, Any]) -> None:
+        self.facts = facts
+        self.key = fingerprint_key(facts)
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.lock = threading.Lock()
+        self._load()
+
+    @property
+    def path(self) -> Path:
+        return cache_dir() / f"wisdom-{self.key}.json"
+
+    def _load(self) -> None:
+        try:
+            data = json.loads(self.path.read_text())
+            if data.get("facts") == self.facts:
+                self.entries = dict(data.get("entries", {}))
+        except (OSError, ValueError, AttributeError):
+            pass  # no file yet, or unreadable: measure again
+
+    def get(self, cls: dict[str, Any]) -> dict[str, Any] | None:
+        return self.entries.get(json.dumps(cls, sort_keys=True))
+
+    def put(self, cls: dict[str, Any], entry: dict[str, Any]) -> None:
+        self.entries[json.dumps(cls, sort_keys=True)] = entry
+        self._save()
+
+    def _save(self) -> None:
+        try:
+            directory = cache_dir()
+            directory.mkdir(parents=True, exist_ok=True)
+            try:  # another process's new entries are kept
+                on_disk = json.loads(self.path.read_text()).get("entries", {})
+            except (OSError, ValueError, AttributeError):
+                on_disk = {}
+            entries = {**on_disk, **self.entries}
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".wisdom-", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"facts": self.facts, "entries": entries}, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # a read-only home: the measurements live for this process only
+
+
+def cache_dir() -> Path:
+    """LSTMGRAD_CACHE_DIR, else $XDG_CACHE_HOME/lstmgrad, else ~/.cache/lstmgrad."""
+    if os.environ.get("LSTMGRAD_CACHE_DIR"):
+        return Path(os.environ["LSTMGRAD_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "lstmgrad"
+
+
+_wisdoms: dict[tuple[str, int], Wisdom] = {}
+_wisdoms_lock = threading.Lock()
+
+
+def wisdom(kind: str) -> Wisdom:
+    """The store for back end ``kind`` in this machine's current configuration (a new thread
+    count or library version is a new fingerprint)."""
+    facts = fingerprint(kind)
+    key = (fingerprint_key(facts), os.getpid())
+    with _wisdoms_lock:
+        w = _wisdoms.get(key)
+        if w is None or w.facts != facts or w.path.parent != cache_dir():
+            w = _wisdoms[key] = Wisdom(facts)
+    return w
+
+
+# --------------------------------------------------------------------------------------------
+# plans
+
+
+def _measured(dims: Dims, dtype: np.dtype, gemm: Any, measure: bool) -> Plan:
+    """The plan from this machine's measurements of the call's classes (measured now where
+    ``measure`` and missing)."""
+    from . import tune
+
+    store = wisdom(gemm.kind)
+    fields: dict[str, Any] = {}
+    for cls, run in (
+        (big_class(dims, dtype, gemm.kind), tune.measure_big),
+        (step_class(dims, dtype, gemm.kind), tune.measure_steps),
+    ):
+        entry = store.get(cls)
+        if entry is None and measure:
+            with store.lock:
+                entry = store.get(cls)
+                if entry is None:
+                    entry = run(cls, gemm)
+                    store.put(cls, entry)
+        if entry is not None:
+            fields.update(
+                tune.step_fields(entry, dims.T) if cls["what"] == "steps" else entry["plan"]
+            )
+    return dataclasses.replace(SAFE, **fields)
+
+
+def _recurrent(method: str, gemm: Any, cd: np.dtype) -> str:
+    return method if method in gemm.fixed_methods(cd) else "blas"
+
+
+def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
+    """``plan`` with whatever this call and process cannot run replaced by the safe choice:
+    methods the back end lacks for the dtype, more threads than available now, pair walks of a
+    one-direction layer or of float16 storage (its activations pass through one scratch)."""
+    from .fused.walks import parallel_threads
+
+    cd = compute_dtype(dtype)
+    big = plan.big if plan.big in gemm.product_methods(cd) else "blas"
+    layout = plan.weight_grad if plan.weight_grad in WEIGHT_GRAD_LAYOUTS else "rows"
+    threads = max(1, plan.threads)
+    if threads > 1 or plan.pair_walks:
+        threads = min(threads, parallel_threads())
+    pairs = plan.pair_walks and dims.D == 2 and cd == np.dtype(dtype) and threads >= 2
+    return Plan(
+        big=big,
+        weight_grad=layout,
+        fwd_rec=_recurrent(plan.fwd_rec, gemm, cd),
+        bwd_rec=_recurrent(plan.bwd_rec, gemm, cd),
+        threads=threads,
+        split_min=max(0, plan.split_min),
+        pair_walks=pairs,
+    )
+
+
+def plan_for(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
+    """The plan of one call: measured (or the safe plan, by LSTMGRAD_TUNE), then forced fields
+    (LSTMGRAD_PLAN, :func:`forced`), then :func:`feasible`."""
+    from .tune import calibrating
+
+    m = mode()
+    if m == "off" or calibrating.get():  # a measurement's own runs take the forced fields
+        base = SAFE
+    else:
+        base = _measured(dims, dtype, gemm, measure=m == "on")
+    forced_fields = overrides()
+    if forced_fields:
+        base = dataclasses.replace(base, **forced_fields)
+    return feasible(base, dims, dtype, gemm)
+
+
+def show() -> dict[str, Any]:
+    """What is stored for this machine: per back end kind, its facts, file and entries."""
+    out: dict[str, Any] = {"mode": mode(), "cache_dir": str(cache_dir()), "overrides": overrides()}
+    import sys
+
+    kinds = ["numpy"] + (["torch"] if "torch" in sys.modules else [])
+    for kind in kinds:
+        store = wisdom(kind)
+        out[kind] = {
+            "facts": store.facts,
+            "file": str(store.path),
+            "entries": {k: v for k, v in sorted(store.entries.items())},
+        }
+    return out

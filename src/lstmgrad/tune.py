@@ -1,0 +1,294 @@
+"""Measurements behind the execution plans (:mod:`lstmgrad.plan`), taken on the machine in use.
+
+Two classes of shapes are measured, each the first time a call needs it, and stored:
+
+- big products (rows of all steps N, bucketed to a power of two; input size I; hidden H): the
+  input projection, dx and the weight gradient in each layout, with each GEMM method of the
+  back end; the plan takes the fastest method and layout.
+- step loops (batch B, hidden H, directions D): the recurrent product per method (preparation
+  and per-call time, so that the plan picks per sequence length: a packed weight pays only
+  over enough steps), the step kernels on one thread and split over the available threads (the
+  smallest step where the split pays), and short forward + backward passes of the engine on
+  each thread arrangement (one thread, split steps, both directions walking at once), in the
+  context where the two may fight (the library's GEMMs between the kernels).
+
+Each measurement is bounded: a candidate slower than 3x the best so far is dropped after its
+first run. Compilation (Numba's first call) is kept out of the timings by a warm-up run.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .plan import SAFE, WEIGHT_GRAD_LAYOUTS, Plan
+
+#: set while a measurement runs the engine: its calls take the forced plan, unmeasured
+calibrating: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "lstmgrad_calibrating", default=False
+)
+
+_STEPS = 12  # steps of the short passes that compare thread arrangements
+
+
+def _timed(fn: Callable[[], Any], reps: int, limit: float = float("inf")) -> float:
+    """Median seconds of ``reps`` runs of fn after one warm-up run (inf where the warm-up
+    alone exceeds ``limit``)."""
+    t0 = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t0
+    if first > limit:
+        return float("inf")
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _reps(seconds: float) -> int:
+    """Repetitions for a run of about ``seconds``: more for short ones (noisier)."""
+    if seconds < 2e-4:
+        return 15
+    if seconds < 5e-3:
+        return 5
+    return 2 if seconds < 5e-2 else 1
+
+
+def _rand(rng: np.random.Generator, shape: tuple[int, ...], cd: np.dtype) -> np.ndarray:
+    return rng.standard_normal(shape).astype(cd)
+
+
+def _best(times: dict[str, float]) -> str:
+    return min(times, key=lambda k: times[k])
+
+
+# --------------------------------------------------------------------------------------------
+# big products
+
+
+def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
+    """Times of the input projection, dx and the weight gradient per method and layout, for
+    N rows, input size I and hidden H; the entry's plan: the fastest method and layout."""
+    from .fused.kernels import transpose_cols
+
+    cd = np.dtype(cls["dtype"])
+    n, i, h = cls["N"], cls["I"], cls["H"]
+    g = 4 * h
+    rng = np.random.default_rng(0)
+    xh = _rand(rng, (n, i + h), cd)  # [x | h_prev] rows
+    x, hp = np.ascontiguousarray(xh[:, :i]), np.ascontiguousarray(xh[:, i:])
+    dg = _rand(rng, (n, g), cd)
+    w_ih = _rand(rng, (g, i), cd)
+    proj, dx, dw = np.empty((n, g), cd), np.empty((n, i), cd), np.empty((g, i + h), cd)
+    xht, dgt = np.empty((i + h, n), cd), np.empty((g, n), cd)
+
+    def weight_grad(layout: str, method: str) -> Callable[[], Any]:
+        def rows() -> Any:
+            return gemm.product(dg.T, xh, dw, method)
+
+        def tn() -> Any:
+            transpose_cols(xh.reshape(-1), i + h, n, 0, i + h, xht.reshape(-1))
+            return gemm.tn(dg, xht, method)
+
+        def nt() -> Any:
+            transpose_cols(dg.reshape(-1), g, n, 0, g, dgt.reshape(-1))
+            return gemm.nt(dgt, x, method), gemm.nt(dgt, hp, method)
+
+        return {"rows": rows, "tn": tn, "nt": nt}[layout]
+
+    seconds: dict[str, float] = {}
+    best = float("inf")
+    for method in gemm.product_methods(cd):
+        projection = functools.partial(gemm.product, x, w_ih.T, proj, method)
+        reps = _reps(_timed(projection, 1))
+        t_proj = _timed(projection, reps)
+        t_dx = _timed(functools.partial(gemm.product, dg, w_ih, dx, method), reps)
+        for layout in WEIGHT_GRAD_LAYOUTS:
+            t_dw = _timed(weight_grad(layout, method), reps, limit=3 * best)
+            total = t_proj + t_dx + t_dw
+            seconds[f"{method}/{layout}"] = total
+            best = min(best, total)
+    choice = _best(seconds)
+    method, layout = choice.split("/")
+    return {
+        "plan": {"big": method, "weight_grad": layout},
+        "seconds": seconds,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# step loops
+
+
+def _recurrent_times(gemm: Any, b_mat: np.ndarray, rows: int, cd: np.dtype) -> dict[str, list]:
+    """[preparation s, per-call s] of each fixed-product method for a [rows, K] x b_mat."""
+    rng = np.random.default_rng(1)
+    a = _rand(rng, (rows, b_mat.shape[0]), cd)
+    out = np.empty((rows, b_mat.shape[1]), cd)
+    times: dict[str, list] = {}
+    best = float("inf")
+    for method in gemm.fixed_methods(cd):
+        gemm.fixed(b_mat, method, rows)(a, out)  # compiles / loads what the method needs
+        t0 = time.perf_counter()
+        product = gemm.fixed(b_mat, method, rows)
+        prep = time.perf_counter() - t0
+        run = functools.partial(product, a, out)
+        call = _timed(run, 3, limit=3 * best)
+        if call < float("inf"):
+            call = _timed(run, _reps(call) * 4)
+        times[method] = [prep, call]
+        best = min(best, call)
+    return times
+
+
+def choose_recurrent(times: dict[str, list], steps: int) -> str:
+    """The method with the least preparation + ``steps`` calls."""
+    return min(times, key=lambda m: times[m][0] + steps * times[m][1])
+
+
+def _split_min(b: int, h: int, cd: np.dtype, parts: int) -> int:
+    """The smallest step (rows * H) from which the step kernels split over ``parts`` threads
+    beat one thread, forward and backward together, for row counts B, B/2, B/4, ... (a step
+    larger than B * H splits where B does); B * H + 1 where they never do."""
+    from .fused import kernels, walks
+
+    rng = np.random.default_rng(2)
+    gx, gh = _rand(rng, (b, 4 * h), cd), _rand(rng, (b, 4 * h), cd)
+    bias = np.zeros(4 * h, cd)
+    st = np.zeros((2, b, h), cd)
+    acts = np.zeros((8, b, h), cd) + cd.type(0.5)
+    dg = np.empty((b, 4 * h), cd)
+    dy = _rand(rng, (b, h), cd)
+    split_min = b * h + 1
+    n = b
+    while n >= 1:
+
+        def serial(n: int = n) -> None:
+            kernels.forward_step(gx, gh, bias, st[0], st[1], n, *acts)
+            kernels.backward_step(dy, True, st[0], st[1], *acts[:4], acts[6], acts[7], dg, n)
+
+        def split(n: int = n) -> None:
+            walks.forward_step_split(gx, gh, bias, st[0], st[1], n, parts, *acts)
+            walks.backward_step_split(
+                dy, True, st[0], st[1], *acts[:4], acts[6], acts[7], dg, n, parts
+            )
+
+        one = _timed(serial, 1)
+        reps = _reps(one) * 3
+        if _timed(split, reps) >= _timed(serial, reps):
+            break
+        split_min = n * h
+        n //= 2
+    return split_min
+
+
+def _pass_time(dims_args: dict[str, Any], kind: str, fields: dict[str, Any], limit: float) -> float:
+    """Seconds of one forward + backward of the engine on random data, with ``fields`` forced."""
+    from . import api, plan
+
+    t, b, i, h, d = (dims_args[k] for k in "TBIHD")
+    cd = np.dtype(dims_args["dtype"])
+    rng = np.random.default_rng(3)
+    scale = cd.type(1 / np.sqrt(h))
+    x: Any = _rand(rng, (t, b, i), cd)
+    params: list[Any] = []
+    for _ in range(d):
+        params += [_rand(rng, (4 * h, i), cd) * scale, _rand(rng, (4 * h, h), cd) * scale]
+        params += [_rand(rng, (4 * h,), cd) * scale, _rand(rng, (4 * h,), cd) * scale]
+    hx: list[Any] = [np.zeros((d, b, h), cd), np.zeros((d, b, h), cd)]
+    dy: Any = _rand(rng, (t, b, d * h), cd)
+    if kind == "torch":
+        import torch
+
+        x, dy = torch.from_numpy(x), torch.from_numpy(dy)
+        params = [torch.from_numpy(p) for p in params]
+        hx = [torch.from_numpy(a) for a in hx]
+    bidir = d == 2
+
+    def run() -> None:
+        fw = api.lstm_forward(x, params, hx, bidirectional=bidir)
+        s: Any = fw.saved
+        api.lstm_backward(x, hx, params, dy, None, None, s.i, s.g, s.f, s.o, s.h, s.c,
+                          s.tanhc, bidirectional=bidir)  # fmt: skip
+
+    token = calibrating.set(True)
+    try:
+        with plan.forced(**fields):
+            first = _timed(run, 1, limit)
+            if first == float("inf"):
+                return first
+            return _timed(run, max(2, _reps(first)))
+    finally:
+        calibrating.reset(token)
+
+
+def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
+    """The recurrent products' times per method, the split step kernels' smallest paying step,
+    and the thread arrangement of the fastest short forward + backward pass."""
+    from .fused.walks import pairs_available, parallel_threads
+
+    cd = np.dtype(cls["dtype"])
+    b, h, d = cls["B"], cls["H"], cls["D"]
+    rng = np.random.default_rng(4)
+    w_hh = _rand(rng, (4 * h, h), cd)
+    rec = {
+        "fwd": _recurrent_times(gemm, np.ascontiguousarray(w_hh.T), b, cd),
+        "bwd": _recurrent_times(gemm, w_hh, b, cd),
+    }
+    threads = parallel_threads() if pairs_available() else 1
+    fields = {
+        "fwd_rec": choose_recurrent(rec["fwd"], _STEPS),
+        "bwd_rec": choose_recurrent(rec["bwd"], _STEPS),
+    }
+    candidates: dict[str, dict[str, Any]] = {"one": {**fields, "threads": 1}}
+    split_min = b * h + 1
+    if threads > 1:
+        split_min = _split_min(b, h, cd, threads)
+        if split_min <= b * h:
+            candidates["split"] = {**fields, "threads": threads, "split_min": split_min}
+        if d == 2:
+            candidates["pairs"] = {**fields, "threads": threads, "pair_walks": True,
+                                   "split_min": split_min}  # fmt: skip
+    seconds: dict[str, float] = {}
+    if len(candidates) > 1:
+        shape = {"T": _STEPS, "B": b, "I": h, "H": h, "D": d, "dtype": str(cd)}
+        best = float("inf")
+        for name, forced_fields in candidates.items():
+            seconds[name] = _pass_time(shape, cls["kind"], forced_fields, 3 * best)
+            best = min(best, seconds[name])
+    choice = _best(seconds) if seconds else "one"
+    chosen = candidates[choice]
+    return {
+        "plan": {
+            "threads": chosen["threads"],
+            "split_min": chosen.get("split_min", 0),
+            "pair_walks": chosen.get("pair_walks", False),
+        },
+        "recurrent": rec,
+        "passes": seconds,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def step_fields(entry: dict[str, Any], steps: int) -> dict[str, Any]:
+    """The plan fields of a step-loop entry for a call of ``steps`` steps."""
+    fields = dict(entry["plan"])
+    rec = entry.get("recurrent", {})
+    if rec:
+        fields["fwd_rec"] = choose_recurrent(rec["fwd"], steps)
+        fields["bwd_rec"] = choose_recurrent(rec["bwd"], steps)
+    return fields
+
+
+def describe(p: Plan) -> str:
+    """A plan in one line (``lstmgrad tune --show``)."""
+    return p.describe() if p != SAFE else f"safe ({p.describe()})"
