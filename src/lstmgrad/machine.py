@@ -50,6 +50,16 @@ def visible_cpus() -> int:
     return max(1, n)
 
 
+def machine_busy() -> bool:
+    """Whether other work holds the CPUs: the machine's 1-minute load average exceeds its CPUs
+    by more than one runnable thread (the measuring process's own threads fill them)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return False
+    return load > (os.cpu_count() or 1) + 1
+
+
 def _env_threads(*names: str) -> int | None:
     for name in names:
         value = os.environ.get(name, "").strip()
@@ -61,9 +71,10 @@ def _env_threads(*names: str) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
 def blas_threads() -> int:
     """Threads NumPy's BLAS uses: what threadpoolctl reports where it is installed, else the
-    environment's limit, else the visible CPUs."""
+    environment's limit, else the visible CPUs (read once a process)."""
     try:
         from threadpoolctl import threadpool_info
 

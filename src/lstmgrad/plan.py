@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .layout import Dims
-from .machine import fingerprint, fingerprint_key
+from .machine import fingerprint, fingerprint_key, machine_busy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,9 +177,19 @@ class Wisdom:
     def get(self, cls: dict[str, Any]) -> dict[str, Any] | None:
         return self.entries.get(json.dumps(cls, sort_keys=True))
 
-    def put(self, cls: dict[str, Any], entry: dict[str, Any]) -> None:
+    def put(self, cls: dict[str, Any], entry: dict[str, Any], keep: bool = True) -> None:
+        """Store an entry, on disk too unless ``keep`` is False (this process only)."""
         self.entries[json.dumps(cls, sort_keys=True)] = entry
-        self._save()
+        if keep:
+            self._save()
+
+    def clear(self) -> None:
+        """Forget every entry, on disk too."""
+        self.entries = {}
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
 
     def _save(self) -> None:
         try:
@@ -242,8 +252,10 @@ def _measured(dims: Dims, dtype: np.dtype, gemm: Any, measure: bool) -> Plan:
             with store.lock:
                 entry = store.get(cls)
                 if entry is None:
+                    busy = machine_busy()
                     entry = run(cls, gemm)
-                    store.put(cls, entry)
+                    # measured while other processes held the CPUs: this process only
+                    store.put(cls, entry, keep=not (busy or machine_busy()))
         if entry is not None:
             fields.update(
                 tune.step_fields(entry, dims.T) if cls["what"] == "steps" else entry["plan"]
@@ -265,8 +277,8 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     big = plan.big if plan.big in gemm.product_methods(cd) else "blas"
     layout = plan.weight_grad if plan.weight_grad in WEIGHT_GRAD_LAYOUTS else "rows"
     threads = max(1, plan.threads)
-    if threads > 1 or plan.pair_walks:
-        threads = min(threads, parallel_threads())
+    if threads > 1 or plan.pair_walks:  # never more than the library itself is allowed
+        threads = min(threads, parallel_threads(), gemm.threads())
     pairs = plan.pair_walks and dims.D == 2 and cd == np.dtype(dtype) and threads >= 2
     return Plan(
         big=big,
@@ -279,20 +291,52 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     )
 
 
+_memo: dict[tuple, Plan] = {}
+
+
+def _thread_state(kind: str) -> tuple[int, ...]:
+    """What a plan's thread count depends on, cheap to read on every call."""
+    import numba
+
+    state: tuple[int, ...] = (
+        numba.get_num_threads(),
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0,
+    )
+    if kind == "torch":
+        import sys
+
+        torch = sys.modules.get("torch")
+        state += (torch.get_num_threads() if torch is not None else 1,)
+    return state
+
+
 def plan_for(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     """The plan of one call: measured (or the safe plan, by LSTMGRAD_TUNE), then forced fields
-    (LSTMGRAD_PLAN, :func:`forced`), then :func:`feasible`."""
+    (LSTMGRAD_PLAN, :func:`forced`), then :func:`feasible`. Remembered for the process per
+    shape, settings and thread counts (a call pays a dictionary lookup)."""
     from .tune import calibrating
 
     m = mode()
-    if m == "off" or calibrating.get():  # a measurement's own runs take the forced fields
-        base = SAFE
-    else:
-        base = _measured(dims, dtype, gemm, measure=m == "on")
     forced_fields = overrides()
-    if forced_fields:
-        base = dataclasses.replace(base, **forced_fields)
-    return feasible(base, dims, dtype, gemm)
+    if m == "off" or calibrating.get():  # a measurement's own runs take the forced fields
+        return feasible(dataclasses.replace(SAFE, **forced_fields), dims, dtype, gemm)
+    key = (gemm.kind, str(np.dtype(dtype)), dims.T, dims.B, dims.I, dims.H, dims.D, m,
+           tuple(sorted(forced_fields.items())), _thread_state(gemm.kind), os.getpid(),
+           str(cache_dir()))  # fmt: skip
+    chosen = _memo.get(key)
+    if chosen is None:
+        base = _measured(dims, dtype, gemm, measure=m == "on")
+        chosen = feasible(dataclasses.replace(base, **forced_fields), dims, dtype, gemm)
+        _memo[key] = chosen
+    return chosen
+
+
+def forget() -> None:
+    """Drop this process's remembered plans and stores (after :meth:`Wisdom.clear`, or to
+    re-read the disk)."""
+    with _wisdoms_lock:
+        _memo.clear()
+        _wisdoms.clear()
 
 
 def show() -> dict[str, Any]:

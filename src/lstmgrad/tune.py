@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,8 +37,9 @@ _STEPS = 12  # steps of the short passes that compare thread arrangements
 
 
 def _timed(fn: Callable[[], Any], reps: int, limit: float = float("inf")) -> float:
-    """Median seconds of ``reps`` runs of fn after one warm-up run (inf where the warm-up
-    alone exceeds ``limit``)."""
+    """The least seconds of ``reps`` runs of fn after one warm-up run (inf where the warm-up
+    alone exceeds ``limit``): the least, not the median, as other processes' load only ever
+    adds time."""
     t0 = time.perf_counter()
     fn()
     first = time.perf_counter() - t0
@@ -50,7 +50,7 @@ def _timed(fn: Callable[[], Any], reps: int, limit: float = float("inf")) -> flo
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def _reps(seconds: float) -> int:
@@ -104,23 +104,27 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
 
         return {"rows": rows, "tn": tn, "nt": nt}[layout]
 
-    seconds: dict[str, float] = {}
-    best = float("inf")
+    # the method of the projection and dx first, then the layouts of dW with it
+    products: dict[str, float] = {}
     for method in gemm.product_methods(cd):
         projection = functools.partial(gemm.product, x, w_ih.T, proj, method)
         reps = _reps(_timed(projection, 1))
-        t_proj = _timed(projection, reps)
-        t_dx = _timed(functools.partial(gemm.product, dg, w_ih, dx, method), reps)
-        for layout in WEIGHT_GRAD_LAYOUTS:
-            t_dw = _timed(weight_grad(layout, method), reps, limit=3 * best)
-            total = t_proj + t_dx + t_dw
-            seconds[f"{method}/{layout}"] = total
-            best = min(best, total)
+        products[method] = _timed(projection, reps) + _timed(
+            functools.partial(gemm.product, dg, w_ih, dx, method), reps
+        )
+    method = _best(products)
+    seconds: dict[str, float] = {}
+    best = float("inf")
+    for layout in WEIGHT_GRAD_LAYOUTS:
+        seconds[f"{method}/{layout}"] = _timed(
+            weight_grad(layout, method), _reps(products[method]), limit=3 * best
+        )
+        best = min(best, seconds[f"{method}/{layout}"])
     choice = _best(seconds)
     method, layout = choice.split("/")
     return {
         "plan": {"big": method, "weight_grad": layout},
-        "seconds": seconds,
+        "seconds": {**{f"{m}/products": t for m, t in products.items()}, **seconds},
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
 
@@ -292,3 +296,47 @@ def step_fields(entry: dict[str, Any], steps: int) -> dict[str, Any]:
 def describe(p: Plan) -> str:
     """A plan in one line (``lstmgrad tune --show``)."""
     return p.describe() if p != SAFE else f"safe ({p.describe()})"
+
+
+# --------------------------------------------------------------------------------------------
+# ``lstmgrad tune``
+
+
+def parse_shape(text: str) -> dict[str, int]:
+    """ "T,B,I,H[,L[,D]]" -> dims fields (L = D = 1 by default)."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not 4 <= len(values) <= 6 or min(values) < 1 or (len(values) == 6 and values[5] > 2):
+        raise ValueError(
+            f"expected a shape T,B,I,H[,L[,D]] of positive integers (D 1 or 2), got {text!r}"
+        )
+    values += [1] * (6 - len(values))
+    return dict(zip("TBIHLD", values, strict=True))
+
+
+def tune_shapes(shapes: list[dict[str, int]], kind: str, dtype: str) -> list[dict[str, Any]]:
+    """Measure (where not stored yet) the classes of ``shapes`` for back end ``kind`` ("numpy"
+    or "torch"); per shape the plan it gets and the seconds it took."""
+    from .layout import Dims
+    from .plan import plan_for
+
+    gemm: Any
+    if kind == "torch":
+        import torch  # noqa: F401  (the torch back end needs it loaded)
+
+        from .tensors import torch_gemm
+
+        gemm = torch_gemm()
+    else:
+        from .gemm import NUMPY_GEMM
+
+        gemm = NUMPY_GEMM
+    rows = []
+    for shape in shapes:
+        dims = Dims(shape["T"], shape["B"], shape["I"], shape["H"], shape["L"], shape["D"], True)
+        t0 = time.perf_counter()
+        chosen = plan_for(dims, np.dtype(dtype), gemm)
+        rows.append({"shape": shape, "plan": chosen, "seconds": time.perf_counter() - t0})
+    return rows
