@@ -9,7 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import lstmgrad  # noqa: E402
+import lstmgrad.plan  # noqa: E402
 from lstmgrad import aclnn  # noqa: E402
+from lstmgrad.plan import forced  # noqa: E402
 
 SAVED = ("i", "g", "f", "o", "h", "c", "tanhc")
 
@@ -59,11 +61,14 @@ def assert_backward_close(got, want, rtol):
 
 SIZES = {
     "small": dict(t=4, b=3, i=5, h=6),
-    # large enough for every oneDNN path of TorchGemm (plain and packed recurrent weight)
+    # T*B < 4H (the "nt" layout's case)
     "onednn": dict(t=4, b=16, i=64, h=128),
-    # T*B >= 4H: the weight gradient's "tn" layout ("onednn" above takes "nt")
+    # T*B >= 4H (the "tn" layout's case)
     "tn": dict(t=14, b=16, i=48, h=56),
 }
+# (GEMM method of the big products, weight-gradient layout): every combination a plan can name
+# ("onednn" runs torch.mm where this torch build lacks it)
+BIG_LAYOUTS = [(m, layout) for m in ("blas", "onednn") for layout in ("rows", "tn", "nt")]
 BATCH_SIZES = {
     "small": [3, 3, 2, 1],
     "onednn": [16, 13, 9, 2],
@@ -140,12 +145,12 @@ def test_gemms_run_on_torch(monkeypatch):
     calls = []
 
     class Counting(TorchGemm):
-        def __call__(self, a, b, /, *, out):
-            calls.append("gemm")
-            super().__call__(a, b, out=out)
+        def product(self, a, b, scratch, method, /):
+            calls.append("product")
+            return super().product(a, b, scratch, method)
 
-        def fixed(self, b, rows, steps):
-            product = super().fixed(b, rows, steps)
+        def fixed(self, b, method, rows):
+            product = super().fixed(b, method, rows)
 
             def counted(a, out):
                 calls.append("fixed")
@@ -155,17 +160,18 @@ def test_gemms_run_on_torch(monkeypatch):
 
     monkeypatch.setattr(lstmgrad.api, "torch_gemm", Counting)
     x, hx, params, dy, kw = make(np.float32, num_layers=1, bidirectional=False)
-    fw = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), **kw)
-    # the input projection, then one recurrent product per step
-    assert calls == ["gemm"] + ["fixed"] * x.shape[0]
-    calls.clear()
-    lstmgrad.lstm_backward(tensors(x), tensors(hx), tensors(params), tensors(dy), None, None,
-                           *fw.saved[:7], **kw)  # fmt: skip
-    # one recurrent product per step but the last (dh_prev needs it too), then dx and dW
-    assert calls == ["fixed"] * x.shape[0] + ["gemm"] * 2
-    calls.clear()
-    lstmgrad.lstm_forward(x, params, hx, **kw)
-    assert calls == []
+    with lstmgrad.plan.forced(weight_grad="rows", pair_walks=False):
+        fw = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), **kw)
+        # the input projection, then one recurrent product per step
+        assert calls == ["product"] + ["fixed"] * x.shape[0]
+        calls.clear()
+        lstmgrad.lstm_backward(tensors(x), tensors(hx), tensors(params), tensors(dy), None, None,
+                               *fw.saved[:7], **kw)  # fmt: skip
+        # one recurrent product per step but the last (dh_prev needs it too), then dx and dW
+        assert calls == ["fixed"] * x.shape[0] + ["product"] * 2
+        calls.clear()
+        lstmgrad.lstm_forward(x, params, hx, **kw)
+        assert calls == []
 
 
 @pytest.mark.parametrize(
@@ -230,61 +236,43 @@ def test_aclnn_mirror_writes_into_tensors(size):
     assert bad[0] == aclnn.ACLNN_ERR_PARAM_INVALID and "bfloat16" in aclnn.aclGetRecentErrMsg()
 
 
-def test_onednn_paths_are_taken_for_the_large_size():
-    from lstmgrad.tensors import _ONEDNN_MIN_MNK, _PACKED_MIN_MNK, TorchGemm
-
-    gemm = TorchGemm()
-    if not gemm._onednn:
-        pytest.skip("this torch build has no oneDNN linear")
-    t, b, i, h = SIZES["onednn"].values()
-    assert t * b * i * 4 * h >= _ONEDNN_MIN_MNK and b * h * 4 * h >= _PACKED_MIN_MNK
-    a = np.ones((t * b, i), np.float32)
-    w = np.ones((i, 4 * h), np.float32)
-    assert gemm._use_onednn(a, w, t * b, _ONEDNN_MIN_MNK)
-    # the weight gradient's layouts (see lstmgrad.gemm.Gemm): "nt" for "onednn", "tn" for "tn"
-    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
-    for size, layout in (("onednn", "nt"), ("tn", "tn")):
-        t, b, i, h = SIZES[size].values()
-        assert gemm.weight_grad_layout(f32, t * b, 4 * h) == layout
-        assert gemm.weight_grad_layout(f64, t * b, 4 * h) == "rows"
-        n = t * b  # the dense case's weight-gradient GEMMs run on oneDNN
-        assert n * 4 * h * h >= _ONEDNN_MIN_MNK and n * 4 * h * i >= _ONEDNN_MIN_MNK
-    assert gemm.weight_grad_layout(f32, 12, 64) == "rows"  # too small to pay
-
-
+@pytest.mark.parametrize("big,layout", BIG_LAYOUTS)
 @pytest.mark.parametrize("size", ["onednn", "tn"])
 @pytest.mark.parametrize(
     "mask", [(False, True, True, True), (True, False, False, True), (False, False, False, True)]
 )
-def test_weight_gradient_layouts_with_output_masks(size, mask):
+def test_weight_gradient_layouts_with_output_masks(size, mask, big, layout):
     """Only the requested outputs, equal to the reference's, whatever the layout."""
     x, hx, params, dy, kw = make(np.float32, **SIZES[size])
     fw = lstmgrad.lstm_forward(x, params, hx, **kw)
     args = (x, hx, params, dy, hx[0], hx[1], *fw.saved[:7])
     want = lstmgrad.lstm_backward(*args, output_mask=mask, impl="reference", **kw)
-    got = lstmgrad.lstm_backward(*[tensors(a) for a in args], output_mask=mask, **kw)
+    with forced(big=big, weight_grad=layout):
+        got = lstmgrad.lstm_backward(*[tensors(a) for a in args], output_mask=mask, **kw)
     assert_backward_close(got, want, 2e-5)
 
 
+@pytest.mark.parametrize("big,layout", BIG_LAYOUTS)
 @pytest.mark.parametrize("size", ["small", "onednn", "tn"])
-def test_weight_gradient_layouts_keep_float16_storage(size):
-    """float16 storage computes in float32 (SPEC 7): the weight gradients of the "nt" and "tn"
-    layouts (and of "small": tiny recurrent products in the Numba loop) come back float16,
-    rounded, as the NumPy path's."""
+def test_weight_gradient_layouts_keep_float16_storage(size, big, layout):
+    """float16 storage computes in float32: the weight gradients of every layout come back
+    float16, rounded, as the NumPy path's."""
     x, hx, params, dy, kw = make(np.float16, **SIZES[size])
     fw = lstmgrad.lstm_forward(x, params, hx, **kw)
     want = lstmgrad.lstm_backward(x, hx, params, dy, None, None, *fw.saved[:7], **kw)
-    got = lstmgrad.lstm_backward(
-        tensors(x), tensors(hx), tensors(params), tensors(dy), None, None,
-        *[tensors(s) for s in fw.saved[:7]], **kw,
-    )  # fmt: skip
+    with forced(big=big, weight_grad=layout, fwd_rec="loop", bwd_rec="loop"):
+        got = lstmgrad.lstm_backward(
+            tensors(x), tensors(hx), tensors(params), tensors(dy), None, None,
+            *[tensors(s) for s in fw.saved[:7]], **kw,
+        )  # fmt: skip
     for g, w in zip([got.dx, *got.dparams], [want.dx, *want.dparams], strict=True):
         assert g.dtype == torch.float16
         assert_close(g.float(), w.astype(np.float32), 4e-3)  # a few float16 steps
 
 
+@pytest.mark.parametrize("big,layout", BIG_LAYOUTS)
 @pytest.mark.parametrize("size", ["onednn", "tn"])
-def test_weight_gradient_layouts_with_dropout_masks_and_any_lengths(size):
+def test_weight_gradient_layouts_with_dropout_masks_and_any_lengths(size, big, layout):
     """The "nt" and "tn" layouts of the weight gradient pack the layers' inputs their own way,
     dropout masks applied, for any batch_sizes (unsorted too): the same gradients as NumPy's
     GEMMs, and as the reference."""
@@ -300,9 +288,10 @@ def test_weight_gradient_layouts_with_dropout_masks_and_any_lengths(size):
         args = (xs, hx, params, dys, hx[0], hx[1], *fw.saved[:7], bs)
         want = lstmgrad.lstm_backward(*args, dropout_masks=masks, **kw2)
         ref = lstmgrad.lstm_backward(*args, dropout_masks=masks, impl="reference", **kw2)
-        got = lstmgrad.lstm_backward(
-            *[tensors(a) for a in args], dropout_masks=tensors(masks), **kw2
-        )
+        with forced(big=big, weight_grad=layout):
+            got = lstmgrad.lstm_backward(
+                *[tensors(a) for a in args], dropout_masks=tensors(masks), **kw2
+            )
         for g, w, r in zip([got.dx, got.dh_prev, got.dc_prev, *got.dparams],
                            [want.dx, want.dh_prev, want.dc_prev, *want.dparams],
                            [ref.dx, ref.dh_prev, ref.dc_prev, *ref.dparams], strict=True):  # fmt: skip
@@ -310,17 +299,26 @@ def test_weight_gradient_layouts_with_dropout_masks_and_any_lengths(size):
             assert_close(g, r, 2e-5)
 
 
-@pytest.mark.parametrize("lib", ["numpy", "torch"])
-# (16, 1024, 256): a recurrent product of the backward's shape (b with more rows than columns),
-# which oneDNN runs packed for many calls and unpacked for few
+@pytest.mark.parametrize("lib", ["numpy", "torch", "torch-public"])
+# (16, 1024, 256): a recurrent product of the backward's shape (b with more rows than columns)
 @pytest.mark.parametrize("m,k,n", [(5, 7, 3), (64, 256, 512), (512, 64, 256), (16, 1024, 256)])
-def test_gemm_products_against_float64(lib, m, k, n):
-    """Every product of the Gemm interface (lstmgrad.gemm.Gemm) of both libraries equals
-    float64 matmul, small sizes (torch.mm) and oneDNN sizes alike; results C-contiguous."""
+def test_gemm_products_against_float64(monkeypatch, lib, m, k, n):
+    """Every method of every product of the Gemm interface (lstmgrad.gemm.Gemm) equals float64
+    matmul, for both libraries; with LSTMGRAD_PRIVATE_OPS=0 torch offers its public torch.mm
+    only (and computes the same); results C-contiguous."""
+    from lstmgrad import tensors as tensors_mod
     from lstmgrad.gemm import NUMPY_GEMM
     from lstmgrad.tensors import TorchGemm
 
+    if lib == "torch-public":
+        monkeypatch.setenv("LSTMGRAD_PRIVATE_OPS", "0")
     gemm = NUMPY_GEMM if lib == "numpy" else TorchGemm()
+    f32 = np.dtype(np.float32)
+    if lib == "torch-public":
+        assert gemm.product_methods(f32) == ("blas",)
+        assert not {"onednn", "packed"} & set(gemm.fixed_methods(f32))
+    elif lib == "torch" and tensors_mod._probe_onednn(torch):
+        assert "onednn" in gemm.product_methods(f32) and "packed" in gemm.fixed_methods(f32)
     rng = np.random.default_rng(7)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
@@ -331,17 +329,19 @@ def test_gemm_products_against_float64(lib, m, k, n):
         assert got.flags.c_contiguous
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
+    for method in gemm.product_methods(f32):
+        check(gemm.product(a, b, np.full((m, n), np.nan, np.float32), method), want)
+        check(gemm.nt(a, b, method), want)  # at @ b
+        at, bt = np.ascontiguousarray(a.T), np.ascontiguousarray(b.T)
+        check(gemm.tn(at, bt, method), want)  # (a^T)^T (b^T)^T
     out = np.full((m, n), np.nan, np.float32)
-    gemm(a, b, out=out)
-    check(out, want)
-    check(gemm.result(a, b, np.full((m, n), np.nan, np.float32)), want)
-    for calls in (1, 1000):
+    for method in gemm.fixed_methods(f32):
         out[...] = np.nan
-        got = gemm.fixed(b, m, calls)(a, out)
+        product = gemm.fixed(b, method, m)
+        got = product(a, out)
         check(got, want)
         assert got is out or np.isnan(out).all()  # out, or the library's own result
-    check(gemm.nt(a, b), want)  # at @ b
-    check(gemm.tn(np.ascontiguousarray(a.T), np.ascontiguousarray(b.T)), want)  # (a^T)^T (b^T)^T
+        check(product(a[: m // 2 + 1], out[: m // 2 + 1]), want[: m // 2 + 1])  # fewer rows
 
 
 def test_lazy_negation_views_are_read_as_their_values():
@@ -355,18 +355,12 @@ def test_lazy_negation_views_are_read_as_their_values():
     assert_close(got.output, want.output, 1e-12)
 
 
-def test_backward_recurrent_product_packed_for_long_runs():
-    """The backward's recurrent weight is packed for oneDNN only where rows * steps repay it
-    (tensors._PACK_WIDE_MIN_ROW_CALLS): a run long enough takes the packed path, and its
-    gradients equal NumPy's GEMMs' and the reference's, dense and with unsorted lengths."""
-    from lstmgrad.tensors import _PACK_WIDE_MIN_ROW_CALLS, _PACKED_MIN_MNK, TorchGemm
-
-    if not TorchGemm()._onednn:
-        pytest.skip("this torch build has no oneDNN linear")
+@pytest.mark.parametrize("method", ["blas", "blas_t", "loop", "onednn", "packed"])
+def test_recurrent_product_methods_over_long_runs(method):
+    """Each recurrent-product method of a plan (the packed weight of a long run too), forward
+    and backward, gives NumPy's GEMMs' and the reference's gradients, dense and with unsorted
+    lengths ("onednn" and "packed" run torch.mm where this torch build lacks oneDNN)."""
     t, b, i, h = 130, 16, 32, 128
-    assert b * t >= _PACK_WIDE_MIN_ROW_CALLS and b * 4 * h * h >= _PACKED_MIN_MNK
-    t_o, b_o = SIZES["onednn"]["t"], SIZES["onednn"]["b"]
-    assert b_o * t_o < _PACK_WIDE_MIN_ROW_CALLS  # "onednn" covers the unpacked path
     x, hx, params, dy, kw = make(np.float32, num_layers=1, t=t, b=b, i=i, h=h)
     rng = np.random.default_rng(3)
     lengths = rng.integers(1, t + 1, b)
@@ -377,12 +371,54 @@ def test_backward_recurrent_product_packed_for_long_runs():
         args = (xs, hx, params, dys, hx[0], hx[1], *fw.saved[:7], batch_sizes)
         want = lstmgrad.lstm_backward(*args, **kw)
         ref = lstmgrad.lstm_backward(*args, impl="reference", **kw)
-        got = lstmgrad.lstm_backward(*[tensors(a) for a in args], **kw)
+        with forced(fwd_rec=method, bwd_rec=method):
+            fw_t = lstmgrad.lstm_forward(*[tensors(a) for a in (xs, params, hx, batch_sizes)],
+                                         **kw)  # fmt: skip
+            got = lstmgrad.lstm_backward(*[tensors(a) for a in args], **kw)
+        assert_close(fw_t.output, fw.output, 2e-5)
         for g, w, r in zip([got.dx, got.dh_prev, got.dc_prev, *got.dparams],
                            [want.dx, want.dh_prev, want.dc_prev, *want.dparams],
                            [ref.dx, ref.dh_prev, ref.dc_prev, *ref.dparams], strict=True):  # fmt: skip
             assert_close(g, w, 2e-5)
             assert_close(g, r, 2e-5)
+
+
+@pytest.fixture
+def two_threads(monkeypatch):
+    """Two threads for the multi-threaded kernels, whatever this run's thread settings: skipped
+    only where they cannot run at all (Numba's layer not GNU OpenMP, or a pool of one thread);
+    on one visible CPU, or with torch on one thread, both threads are forced (they then take
+    turns on the CPU: the results must not change)."""
+    import numba
+
+    from lstmgrad import machine
+    from lstmgrad.fused import walks
+
+    if not walks.pairs_available():
+        pytest.skip("Numba's threading layer here is not GNU OpenMP: no multi-threaded kernels")
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("Numba's thread pool has one thread (NUMBA_NUM_THREADS=1)")
+    real = machine.visible_cpus()
+    monkeypatch.setattr(machine, "visible_cpus", lambda: max(2, real))
+    numba_before, torch_before = numba.get_num_threads(), torch.get_num_threads()
+    numba.set_num_threads(2)
+    torch.set_num_threads(max(2, torch_before))
+    lstmgrad.plan.forget()
+    try:
+        yield 2
+    finally:
+        numba.set_num_threads(numba_before)
+        torch.set_num_threads(torch_before)
+        lstmgrad.plan.forget()
+
+
+def _record_calls(monkeypatch, module, names):
+    """Wrap module.<name> for each name so that its calls are listed (by name) in the result."""
+    taken: list[str] = []
+    for name in names:
+        fn = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _f=fn, _n=name: (taken.append(_n), _f(*a))[1])
+    return taken
 
 
 @pytest.mark.parametrize(
@@ -391,29 +427,22 @@ def test_backward_recurrent_product_packed_for_long_runs():
 @pytest.mark.parametrize(
     "case", ["dense", "lengths-with-empty-steps", "no-dy", "dh-prev-off"]
 )  # fmt: skip
-def test_bidirectional_pair_walks(monkeypatch, dtype, rtol, case):
-    """Small bidirectional layers walk both directions at once in Numba (fused.walks) when
-    given tensors: taken here, and equal to NumPy's path (one direction at a time through
-    NumPy's BLAS) and to the reference, with any batch sizes (empty steps included), without
-    dy, and without dh_prev."""
+def test_bidirectional_pair_walks(monkeypatch, two_threads, dtype, rtol, case):
+    """A plan's pair walks (both directions of a bidirectional layer at once, fused.walks):
+    taken, and equal to NumPy's path (one direction at a time through NumPy's BLAS) and to the
+    reference, with any batch sizes (empty steps included), without dy, and without dh_prev."""
     from lstmgrad.fused import walks
-    from lstmgrad.tensors import TorchGemm
 
-    if not walks.pairs_available():
-        pytest.skip("Numba's threading layer here is not OpenMP: no pair walks")
-    taken = []
-    for name in ("forward_walk_pair", "backward_walk_pair"):
-        fn = getattr(walks, name)
-        monkeypatch.setattr(walks, name, lambda *a, _f=fn, _n=name: (taken.append(_n), _f(*a)))
+    taken = _record_calls(monkeypatch, walks, ("forward_walk_pair", "backward_walk_pair"))
     t, b, i, h = 6, 4, 5, 7
-    assert TorchGemm().walk_pairs(np.dtype(dtype), b, h)
     x, hx, params, dy, kw = make(dtype, num_layers=2, t=t, b=b, i=i, h=h)
     bs = None
     if case == "lengths-with-empty-steps":
         bs = np.array([4, 0, 3, 3, 0, 1], dtype=np.int64)
         x, dy = x.reshape(t * b, -1), dy.reshape(t * b, -1)
     fw_np = lstmgrad.lstm_forward(x, params, hx, bs, **kw)
-    fw_t = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), tensors(bs), **kw)
+    with forced(pair_walks=True, threads=two_threads):
+        fw_t = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), tensors(bs), **kw)
     for got, want in zip(fw_t[:3], fw_np[:3], strict=True):
         assert_close(got, want, rtol)
     dy_arg = None if case == "no-dy" else dy
@@ -422,7 +451,8 @@ def test_bidirectional_pair_walks(monkeypatch, dtype, rtol, case):
     args = (x, hx, params, dy_arg, dh, None, *fw_np.saved[:7], bs)
     want = lstmgrad.lstm_backward(*args, output_mask=mask, **kw)
     ref = lstmgrad.lstm_backward(*args, output_mask=mask, impl="reference", **kw)
-    got = lstmgrad.lstm_backward(*[tensors(a) for a in args], output_mask=mask, **kw)
+    with forced(pair_walks=True, threads=two_threads):
+        got = lstmgrad.lstm_backward(*[tensors(a) for a in args], output_mask=mask, **kw)
     assert taken == ["forward_walk_pair"] * 2 + ["backward_walk_pair"] * 2  # 2 layers
     assert_backward_close(got, want, rtol)
     assert_backward_close(got, ref, max(rtol, 1e-5))
@@ -430,7 +460,9 @@ def test_bidirectional_pair_walks(monkeypatch, dtype, rtol, case):
 
 def _pair_output(queue=None):
     x, hx, params, dy, kw = make(np.float32, num_layers=1, t=5, b=3, i=4, h=6)
-    out = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), **kw).output.numpy()
+    with forced(pair_walks=True, threads=2):
+        fw = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), **kw)
+    out = fw.output.numpy()
     if queue is None:
         return out
     from lstmgrad.fused import walks
@@ -438,16 +470,16 @@ def _pair_output(queue=None):
     queue.put((walks.pairs_available(), out.copy()))
 
 
-def test_pair_walks_off_in_a_forked_child():
+def test_pair_walks_off_in_a_forked_child(monkeypatch, two_threads):
     """GNU OpenMP is not fork-safe: a process forked after the pair walks ran walks one
     direction at a time (and is not stopped by Numba), with the parent's results."""
     import multiprocessing
 
     from lstmgrad.fused import walks
 
-    if not walks.pairs_available():
-        pytest.skip("Numba's threading layer here is not OpenMP: no pair walks")
+    taken = _record_calls(monkeypatch, walks, ("forward_walk_pair",))
     want = _pair_output()
+    assert taken == ["forward_walk_pair"]
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     child = ctx.Process(target=_pair_output, args=(queue,))
@@ -466,26 +498,32 @@ def test_pair_walks_off_in_a_forked_child():
     ],
     ids=["pair-walks", "split-steps"],
 )
-def test_two_thread_paths_from_concurrent_threads(size):
+def test_two_thread_paths_from_concurrent_threads(monkeypatch, two_threads, size):
     """Two Python threads running pair walks, or split step kernels, at once (Numba's OpenMP
-    layer is thread-safe): each gets the result of a call alone bit for bit."""
+    layer is thread-safe): the path runs, and each gets the result of a call alone bit for
+    bit."""
     import threading
 
     from lstmgrad.fused import walks
 
-    if not walks.pairs_available():
-        pytest.skip("Numba's threading layer here is not OpenMP: no pair walks")
+    paths = ("forward_walk_pair", "backward_walk_pair", "forward_step_split",
+             "backward_step_split")  # fmt: skip
+    taken = _record_calls(monkeypatch, walks, paths)
     x, hx, params, dy, kw = make(np.float32, num_layers=2, **size)
     args = [tensors(a) for a in (x, params, hx)]
+    fields = {"threads": two_threads, "split_min": 0, "pair_walks": size["bidirectional"]}
 
     def run():
-        fw = lstmgrad.lstm_forward(*args, **kw)
-        bw = lstmgrad.lstm_backward(args[0], args[2], args[1], tensors(dy), None, None,
-                                    *fw.saved[:7], **kw)  # fmt: skip
+        with forced(**fields):  # per thread: forced() is a context variable
+            fw = lstmgrad.lstm_forward(*args, **kw)
+            bw = lstmgrad.lstm_backward(args[0], args[2], args[1], tensors(dy), None, None,
+                                        *fw.saved[:7], **kw)  # fmt: skip
         return [fw.output.numpy().copy(), bw.dx.numpy().copy(),
                 *[p.numpy().copy() for p in bw.dparams]]  # fmt: skip
 
     want = run()
+    expected = paths[:2] if size["bidirectional"] else paths[2:]
+    assert set(taken) == set(expected), taken
     results, errors = [], []
 
     def worker():
@@ -496,22 +534,26 @@ def test_two_thread_paths_from_concurrent_threads(size):
             errors.append(exc)
 
     threads = [threading.Thread(target=worker) for _ in range(2)]
+    taken.clear()
     for th in threads:
         th.start()
     for th in threads:
         th.join(120)
     assert not errors and len(results) == 10
+    assert set(taken) == set(expected)
     for got in results:
         for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.parametrize("parts", [1, 2, 3, 5])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("rows,n", [(32, 32), (33, 33), (33, 20), (16, 1), (5, 0), (7, 6)])
-def test_split_step_kernels_equal_the_one_thread_kernels_bitwise(dtype, rows, n):
-    """fused.walks' row-split step kernels (two threads) give the one-thread kernels' results
-    bit for bit: active rows split unevenly, masked rows carried (forward), with and without
-    dy (backward)."""
+def test_split_step_kernels_equal_the_one_thread_kernels_bitwise(dtype, rows, n, parts):
+    """fused.walks' row-split step kernels (any number of parts; more parts than rows too) give
+    the one-thread kernels' results bit for bit: active rows split unevenly, masked rows
+    carried (forward), with and without dy (backward). Numba runs the parts on as many threads
+    as its pool has (one included)."""
     from lstmgrad.fused import kernels, walks
 
     rng = np.random.default_rng(rows * 100 + n)
@@ -524,7 +566,7 @@ def test_split_step_kernels_equal_the_one_thread_kernels_bitwise(dtype, rows, n)
     one = [a.copy() for a in state + outs]
     two = [a.copy() for a in state + outs]
     kernels.forward_step(gx, gh, bias, one[0], one[1], n, *one[2:])
-    walks.forward_step_split(gx, gh, bias, two[0], two[1], n, *two[2:])
+    walks.forward_step_split(gx, gh, bias, two[0], two[1], n, parts, *two[2:])
     for a, b in zip(one, two, strict=True):
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(one[0], state[0]) or n == 0  # the state did move
@@ -536,27 +578,23 @@ def test_split_step_kernels_equal_the_one_thread_kernels_bitwise(dtype, rows, n)
         one = [*(g.copy() for g in grads), np.zeros((n, 4 * hid), dtype)]
         two = [*(g.copy() for g in grads), np.zeros((n, 4 * hid), dtype)]
         kernels.backward_step(dy, has_dy, one[0], one[1], *acts, c_prev, one[2], n)
-        walks.backward_step_split(dy, has_dy, two[0], two[1], *acts, c_prev, two[2], n)
+        walks.backward_step_split(dy, has_dy, two[0], two[1], *acts, c_prev, two[2], n, parts)
         for a, b in zip(one, two, strict=True):
             np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("case", ["dense", "lengths", "no-dy", "dh-prev-off"])
-def test_split_steps_through_the_engine(monkeypatch, case):
-    """With tensors, steps of at least walks.SPLIT_MIN_ELEMENTS active elements run their gate
-    maths on two threads, smaller ones on one: the split path is taken, gives the one-thread
+def test_split_steps_through_the_engine(monkeypatch, two_threads, case):
+    """A plan's split steps: steps of at least split_min active elements run their gate maths
+    on the plan's threads, smaller ones on one: the split path is taken, gives the one-thread
     path's results bit for bit (the same GEMMs around it), and matches the reference."""
     from lstmgrad.fused import kernels, walks
-    from lstmgrad.tensors import TorchGemm
 
-    if not TorchGemm().split_steps(np.dtype(np.float32)):
-        pytest.skip("Numba's threading layer here is not OpenMP: no split steps")
     t, b, i, h = 6, 16, 8, 128
-    assert b * h >= walks.SPLIT_MIN_ELEMENTS > 13 * h
-    assert not TorchGemm().walk_pairs(np.dtype(np.float64), b, h)  # not a pair walk
+    split_min = 14 * h  # full steps split, 13 active rows do not
     x, hx, params, dy, kw = make(np.float64, num_layers=2, t=t, b=b, i=i, h=h)
     bs = None
-    if case == "lengths":  # split, one-thread (13 * 128 < 2048) and empty steps
+    if case == "lengths":  # split, one-thread and empty steps
         bs = np.array([16, 16, 13, 0, 16, 2], dtype=np.int64)
         x, dy = x.reshape(t * b, -1), dy.reshape(t * b, -1)
     dy_arg = None if case == "no-dy" else dy
@@ -576,22 +614,23 @@ def test_split_steps_through_the_engine(monkeypatch, case):
 
         monkeypatch.setattr(module, name, record)
 
-    def run():
-        fw = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), tensors(bs), **kw)
-        saved = [[a.numpy() for a in s] for s in fw.saved[:7]]
-        args = (x, hx, params, dy_arg, dh, None, *saved, bs)
-        bw = lstmgrad.lstm_backward(*[tensors(a) for a in args], output_mask=mask, **kw)
+    def run(**fields):
+        with forced(pair_walks=False, **fields):
+            fw = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), tensors(bs),
+                                       **kw)  # fmt: skip
+            saved = [[a.numpy() for a in s] for s in fw.saved[:7]]
+            args = (x, hx, params, dy_arg, dh, None, *saved, bs)
+            bw = lstmgrad.lstm_backward(*[tensors(a) for a in args], output_mask=mask, **kw)
         return fw, bw, args
 
-    fw, bw, args = run()
+    fw, bw, args = run(threads=two_threads, split_min=split_min)
     assert taken["forward"] and taken["backward"]
-    assert all(n * h >= walks.SPLIT_MIN_ELEMENTS for n in taken["forward"] + taken["backward"])
+    assert all(n * h >= split_min for n in taken["forward"] + taken["backward"])
     if case == "lengths":
         assert set(taken["one"]) == {0, 2, 13}  # the small steps took the one-thread kernels
     else:
         assert not taken["one"]
-    monkeypatch.setattr(walks, "SPLIT_MIN_ELEMENTS", 1 << 62)  # every step on one thread
-    fw1, bw1, _ = run()
+    fw1, bw1, _ = run(threads=1)  # every step on one thread
     assert len(taken["one"]) > 0
     for got, want in zip([*fw[:3], bw.dx, bw.dh_prev, bw.dc_prev, *bw.dparams],
                          [*fw1[:3], bw1.dx, bw1.dh_prev, bw1.dc_prev, *bw1.dparams], strict=True):  # fmt: skip
@@ -605,60 +644,66 @@ def test_split_steps_through_the_engine(monkeypatch, case):
 
 
 _THREADS_CHILD = """
+import os
+os.environ["LSTMGRAD_PLAN"] = "threads=4,pair_walks=1,split_min=0"  # as many as allowed
 import torch
 torch.set_num_threads(1)
 import lstmgrad.nn
 assert torch.get_num_threads() == 1  # (read before the first call: the case that lost it)
-for h, b in ((16, 4), (128, 16)):  # tiny, then large enough for split steps and pair walks
+for h, b in ((16, 4), (128, 16)):
     for d in (False, True):
         m = lstmgrad.nn.LSTM(8, h, bidirectional=d)
         m(torch.randn(3, b, 8))[0].sum().backward()
         assert torch.get_num_threads() == 1, (h, d, torch.get_num_threads())
 import numpy as np
 from lstmgrad.fused import walks
+from lstmgrad.layout import Dims
+from lstmgrad.plan import plan_for
 from lstmgrad.tensors import TorchGemm
-print(walks.pairs_available(), torch.get_num_threads(),
-      TorchGemm().split_steps(np.dtype(np.float32)),
-      TorchGemm().walk_pairs(np.dtype(np.float32), 4, 16))
+p = plan_for(Dims(3, 16, 8, 128, 1, 2, True), np.dtype(np.float32), TorchGemm())
+print(walks.pairs_available(), torch.get_num_threads(), p.threads, p.pair_walks)
 """
 
 
 def test_torch_thread_count_is_kept():
     """A process that set torch.set_num_threads(1) keeps it through lstmgrad's calls (starting
-    Numba's OpenMP pool would set it to Numba's count), and lstmgrad then uses one thread too
-    (no split steps, no pair walks)."""
+    Numba's OpenMP pool would set it to Numba's count), and lstmgrad then uses one thread too,
+    whatever a plan asks (no split steps, no pair walks)."""
     import subprocess
     import sys
 
     from lstmgrad.fused import walks
 
     if not walks.pairs_available():
-        pytest.skip("Numba's threading layer here is not OpenMP")
+        pytest.skip("Numba's threading layer here is not GNU OpenMP")
     out = subprocess.run([sys.executable, "-c", _THREADS_CHILD], capture_output=True,
                          text=True, timeout=300, check=True).stdout.split()  # fmt: skip
-    assert out == ["True", "1", "False", "False"], out
+    assert out == ["True", "1", "1", "False"], out
 
 
-def test_one_numba_thread_means_one_thread_paths():
-    """With Numba limited to one thread (numba.set_num_threads(1), per calling thread) neither
-    the pair walks nor the split steps are chosen; with two they are."""
+def test_thread_limits_cap_the_plan(monkeypatch, two_threads):
+    """A plan's threads never exceed Numba's (numba.set_num_threads, per calling thread), the
+    visible CPUs (affinity, cgroup quota) and torch's (torch.set_num_threads); pair walks need
+    two."""
     import numba
 
-    from lstmgrad.fused import walks
+    from lstmgrad import machine
+    from lstmgrad.layout import Dims
+    from lstmgrad.plan import plan_for
     from lstmgrad.tensors import TorchGemm
 
-    if (
-        not walks.pairs_available()
-        or numba.config.NUMBA_NUM_THREADS < 2
-        or torch.get_num_threads() < 2
-    ):
-        pytest.skip("Numba's threading layer here is not OpenMP, or Numba or torch has one thread")
-    f32, gemm = np.dtype(np.float32), TorchGemm()
-    before = numba.get_num_threads()
-    try:
-        numba.set_num_threads(2)
-        assert gemm.split_steps(f32) and gemm.walk_pairs(f32, 4, 16)
+    dims, f32, gemm = Dims(3, 16, 8, 128, 1, 2, True), np.dtype(np.float32), TorchGemm()
+    want = {"threads": 8, "pair_walks": True}
+    with forced(**want):
+        assert plan_for(dims, f32, gemm).threads == 2  # two_threads: two of everything
+        assert plan_for(dims, f32, gemm).pair_walks
         numba.set_num_threads(1)
-        assert not gemm.split_steps(f32) and not gemm.walk_pairs(f32, 4, 16)
-    finally:
-        numba.set_num_threads(before)
+        assert plan_for(dims, f32, gemm).threads == 1
+        assert not plan_for(dims, f32, gemm).pair_walks
+        numba.set_num_threads(2)
+        torch.set_num_threads(1)
+        assert plan_for(dims, f32, gemm).threads == 1
+        torch.set_num_threads(2)
+        monkeypatch.setattr(machine, "visible_cpus", lambda: 1)
+        lstmgrad.plan.forget()
+        assert plan_for(dims, f32, gemm).threads == 1
