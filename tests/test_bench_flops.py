@@ -56,3 +56,12 @@ def test_varlen2_bidirectional_two_layers():
 def test_unknown_part_is_rejected():
     with pytest.raises(ValueError):
         lstm_flops(1, 1, 1, 1, 1, "sideways")
+
+
+def test_the_packaged_bench_counts_the_same():
+    from lstmgrad.bench import flops
+
+    for sh in (BY_ID["med-6"], BY_ID["small-2"], BY_ID["large-1"]):
+        dims = (sh.T, sh.B, sh.I, sh.H, sh.L, sh.D)
+        assert flops(dims, "backward") == sh.flops_backward()
+        assert flops(dims, "forward") == sh.flops_forward()

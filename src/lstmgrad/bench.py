@@ -1,21 +1,16 @@
-"""``lstmgrad bench``: a quick side-by-side benchmark of lstmgrad and torch.nn.LSTM on this
-machine, without the repository (whose benchmarks/ run each side in its own process).
+"""``lstmgrad bench``: lstmgrad against torch.nn.LSTM on this machine, without the repository.
 
-Per shape, both sides in this process: a warm-up (Numba compiles or loads its kernels on the
-first call, oneDNN creates its primitives), then ``rounds`` rounds in which the backward alone
-and the forward + backward of each side are timed as batches, interleaved torch, lstmgrad in
-even rounds and lstmgrad, torch in odd ones, with a short pause after each batch so that the
-idle library's spinning threads go to sleep. lstmgrad's backward is ``lstm_backward`` from the
-saved activations of one ``lstm_forward``; torch's is ``torch.autograd.backward`` of the
-outputs (y, h_n, c_n) with the same gradients after an untimed forward. A batch's value is the
-median of its reps; reported: medians over rounds and the median of the per-round ratios torch
-ms / lstmgrad ms (> 1: lstmgrad faster), GEMM GFLOP/s and their fraction of the GEMM peak
-measured here, in this process, before the shapes.
+Both sides run in this process (the repository's benchmarks/ give each its own). Per shape: a
+warm-up (Numba compiles or loads its kernels on the first call), then ``rounds`` rounds timing
+the backward alone (lstmgrad: ``lstm_backward`` from one ``lstm_forward``'s saved activations;
+torch: ``torch.autograd.backward`` of (y, h_n, c_n) after an untimed forward) and forward +
+backward, as batches interleaved torch, lstmgrad / lstmgrad, torch, each followed by a pause so
+that the idle library's threads go to sleep. Reported: medians over rounds, the median of the
+per-round ratios torch ms / lstmgrad ms, and GEMM GFLOP/s against a peak measured here.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -120,22 +115,16 @@ def machine(torch: Any, dtype: str) -> dict[str, Any]:
     peak = {f"{lib}_float32": gemm_peak(torch, lib) for lib in ("torch", "numpy")}
     if dtype == "float16":
         peak["torch_float16"] = gemm_peak(torch, "torch", "float16")
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {
-        "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "cgroup_cpu_quota": _cpu_quota(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "numpy": np.__version__,
-        "numba": numba.__version__,
-        "numba_threads": numba.get_num_threads(),
-        "threadpools": pools,
-        "env": {k: os.environ.get(k) for k in ENV_KEYS},
-        "peak_gflops": peak,
-        "peak_note": "measured in this process (torch and NumPy thread pools side by side)",
-    }
+        "cpu": _cpu_model(), "cpu_count": os.cpu_count(), "affinity": affinity,
+        "cgroup_cpu_quota": _cpu_quota(), "python": platform.python_version(),
+        "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "numpy": np.__version__, "numba": numba.__version__,
+        "numba_threads": numba.get_num_threads(), "threadpools": pools,
+        "env": {k: os.environ.get(k) for k in ENV_KEYS}, "peak_gflops": peak,
+        "peak_note": "median of each product, measured in this process",
+    }  # fmt: skip
 
 
 def _time(timed: Callable[[Any], Any], untimed: Callable[[], Any], n: int) -> float:
@@ -155,23 +144,26 @@ def _items(torch: Any, lstmgrad: Any, dims: Dims, dtype: str, inp: str) -> tuple
     kw = {"num_layers": n_layers, "bidirectional": d == 2}
     tdt = getattr(torch, dtype)
     lstm = torch.nn.LSTM(i, h, **kw, dtype=tdt)
-    rng = np.random.default_rng(0)
-    arr = {
-        k: rng.standard_normal(s).astype(dtype)
-        for k, s in (("x", (t, b, i)), ("dy", (t, b, d * h)))
-        + tuple((k, (n_layers * d, b, h)) for k in ("h0", "c0", "dh", "dc"))
-    }
+    rng, state = np.random.default_rng(0), (n_layers * d, b, h)
+    sizes = {"x": (t, b, i), "dy": (t, b, d * h), "h0": state, "c0": state, "dh": state}
+    arr = {k: rng.standard_normal(v).astype(dtype) for k, v in (sizes | {"dc": state}).items()}
     params = [w.detach().numpy().copy() for w in lstm._flat_weights]
     tt = {k: torch.from_numpy(v.copy()) for k, v in arr.items()}
     for k in ("x", "h0", "c0"):
         tt[k].requires_grad_(True)
     leaves = [tt["x"], tt["h0"], tt["c0"], *lstm._flat_weights]
 
-    def t_fwd() -> tuple:
+    def clear() -> None:
         for p in leaves:
             p.grad = None
+
+    def t_fwd() -> tuple:
         y, (hn, cn) = lstm(tt["x"], (tt["h0"], tt["c0"]))
         return y, hn, cn
+
+    def t_fresh() -> tuple:
+        clear()
+        return t_fwd()
 
     def t_bwd(out: tuple) -> None:
         torch.autograd.backward(list(out), [tt["dy"], tt["dh"], tt["dc"]])
@@ -191,15 +183,15 @@ def _items(torch: Any, lstmgrad: Any, dims: Dims, dtype: str, inp: str) -> tuple
 
     saved = l_fwd().saved
     return {
-        ("torch", "bwd"): (t_bwd, t_fwd),
+        ("torch", "bwd"): (t_bwd, t_fresh),
         ("lstmgrad", "bwd"): (l_bwd, lambda: saved),
-        ("torch", "fwdbwd"): (lambda _: t_bwd(t_fwd()), lambda: None),
+        ("torch", "fwdbwd"): (lambda _: t_bwd(t_fwd()), clear),
         ("lstmgrad", "fwdbwd"): (lambda _: l_bwd(l_fwd().saved), lambda: None),
     }, _torch_path(t_fwd()[0])
 
 
 def _torch_path(y: Any) -> str:
-    """ "oneDNN" iff torch's autograd graph of ``y`` holds a node of oneDNN's RNN, else "native"."""
+    """Torch's path: "oneDNN" iff the autograd graph of ``y`` holds oneDNN's RNN node."""
     seen, todo = set(), [y.grad_fn]
     while todo:
         fn = todo.pop()
@@ -209,6 +201,11 @@ def _torch_path(y: Any) -> str:
             seen.add(fn)
             todo += [f for f, _ in fn.next_functions]
     return "native"
+
+
+def gemm_library(inp: str) -> str:
+    """The library of lstmgrad's GEMMs: NumPy's BLAS for arrays, torch's for tensors."""
+    return "numpy" if inp == "numpy" else "torch"
 
 
 def bench_shape(
@@ -230,10 +227,8 @@ def bench_shape(
                 timed, untimed = items[side, item]
                 ms[side, item].append(1e3 * _time(timed, untimed, reps[side, item]))
                 time.sleep(PAUSE_S)
-    peaks = {
-        "torch": peak[f"torch_{dtype}"],
-        "lstmgrad": peak["numpy_float32" if inp == "numpy" else "torch_float32"],
-    }  # lstmgrad computes float16 in float32
+    # the peak of each side's GEMMs: lstmgrad computes float16 in float32
+    peaks = {"torch": peak[f"torch_{dtype}"], "lstmgrad": peak[f"{gemm_library(inp)}_float32"]}
     out: dict[str, Any] = {"shape": name, "dims": dict(zip("TBIHLD", dims, strict=True))}
     out.update(torch_path=path, peak_gflops=peaks)
     f_bwd, f_fwd = flops(dims, "backward"), flops(dims, "forward")
@@ -242,24 +237,20 @@ def bench_shape(
         res: dict[str, Any] = {"flops": f, "ratio": statistics.median(ratios)}
         res.update(ratio_min=min(ratios), ratio_max=max(ratios), ratio_round=ratios)
         for side in ("torch", "lstmgrad"):
-            med = statistics.median(ms[side, item])
-            res[f"{side}_ms"], res[f"{side}_ms_round"] = med, ms[side, item]
-            res[f"{side}_gflops"] = f / med / 1e6
-            res[f"{side}_peak_frac"] = f / med / 1e6 / peaks[side]
-            res[f"{side}_reps"] = reps[side, item]
+            med, gf = statistics.median(ms[side, item]), f / statistics.median(ms[side, item]) / 1e6
+            res |= {f"{side}_ms": med, f"{side}_ms_round": ms[side, item], f"{side}_gflops": gf}
+            res |= {f"{side}_peak_frac": gf / peaks[side], f"{side}_reps": reps[side, item]}
         out[item] = res
     return out
 
 
 def run(
-    shapes: dict[str, Dims],
-    dtype: str = "float32",
-    rounds: int = 5,
-    inp: str = "tensors",
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """The benchmark: machine header, then each shape; ``progress`` gets the header lines and
-    a line per shape as they come. Raises TorchMissing without PyTorch."""
+    shapes: dict[str, Dims], dtype: str = "float32", rounds: int = 5, inp: str = "tensors",
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The benchmark's record: ``machine``, ``config`` and ``results`` (one per shape).
+    ``progress`` gets the record once the machine is measured and after each shape. Raises
+    TorchMissing without PyTorch."""
     try:
         import torch
     except ImportError as exc:
@@ -267,66 +258,9 @@ def run(
     say = progress or (lambda _: None)
     config = {"dtype": dtype, "rounds": rounds, "input": inp, "batch_s": BATCH_S}
     doc: dict[str, Any] = {"machine": machine(torch, dtype), "config": config, "results": []}
-    for line in header_lines(doc):
-        say(line)
+    say(doc)
     for name, dims in shapes.items():
         res = bench_shape(torch, name, dims, dtype, inp, rounds, doc["machine"]["peak_gflops"])
         doc["results"].append(res)
-        say(f"  {name}: backward {res['bwd']['ratio']:.2f}x, fwd+bwd {res['fwdbwd']['ratio']:.2f}x")
+        say(doc)
     return doc
-
-
-def header_lines(doc: dict[str, Any]) -> list[str]:
-    m, c = doc["machine"], doc["config"]
-    pools = m["threadpools"]
-    if isinstance(pools, list):
-        pools = ", ".join(
-            " ".join(str(p[k]) for k in ("internal_api", "version", "architecture") if p[k])
-            + f" {p['num_threads']} threads"
-            for p in pools
-        )
-    quota = m["cgroup_cpu_quota"]
-    env = ", ".join(f"{k}={v}" for k, v in m["env"].items() if v is not None) or "none set"
-    peak = ", ".join(f"{k.replace('_', ' ')} {v:.3g}" for k, v in m["peak_gflops"].items())
-    return [
-        f"cpu      {m['cpu']}; {m['affinity']} logical CPUs usable (os.cpu_count {m['cpu_count']})"
-        f", cgroup quota {f'{quota:g} CPUs' if quota else 'none'}",
-        f"threads  torch {m['torch']} {m['torch_threads']}, Numba {m['numba']} "
-        f"{m['numba_threads']}; BLAS/OpenMP: {pools}; env: {env}",
-        f"peak     GEMM GFLOP/s {peak} ({m['peak_note']})",
-        f"run      {c['dtype']}, lstmgrad given {c['input']}, {c['rounds']} rounds",
-    ]
-
-
-def report(doc: dict[str, Any]) -> str:
-    """The tables: per item, both sides' ms, the speedup and GFLOP/s (% of peak)."""
-    c, pk = doc["config"], doc["machine"]["peak_gflops"]
-    lg_lib = "numpy" if c["input"] == "numpy" else "torch"
-    t_peak, lg_peak = pk[f"torch_{c['dtype']}"], pk[f"{lg_lib}_float32"]
-    out = [
-        "",
-        "GFLOP/s: GEMM FLOPs per second; (%): of the measured GEMM peak of the side's library, "
-        f"torch.mm {t_peak:.3g} ({c['dtype']}) for torch, {lg_lib} {lg_peak:.3g} (float32, its "
-        "compute dtype) for lstmgrad",
-    ]
-    for item, title in (("bwd", "Backward alone"), ("fwdbwd", "Forward + backward")):
-        head = ["shape", "T B I H L D", "torch path", "torch ms", "lstmgrad ms", "speedup"]
-        head += ["torch GFLOP/s", "lstmgrad GFLOP/s"]
-        rows = [head]
-        for res in doc["results"]:
-            r = res[item]
-            rows.append([
-                res["shape"], " ".join(str(v) for v in res["dims"].values()), res["torch_path"],
-                f"{r['torch_ms']:.3g}", f"{r['lstmgrad_ms']:.3g}",
-                f"{r['ratio']:.2f}x [{r['ratio_min']:.2f}-{r['ratio_max']:.2f}]",
-                *(f"{r[f'{s}_gflops']:.3g} ({100 * r[f'{s}_peak_frac']:.0f}%)"
-                  for s in ("torch", "lstmgrad")),
-            ])  # fmt: skip
-        w = [max(len(row[k]) for row in rows) for k in range(len(head))]
-        out += ["", f"{title} (speedup = median of per-round torch ms / lstmgrad ms)"]
-        out += ["  ".join(v.ljust(w[k]) for k, v in enumerate(row)).rstrip() for row in rows]
-    return "\n".join(out[1:])
-
-
-def save_json(doc: dict[str, Any], path: str | Path) -> None:
-    Path(path).write_text(json.dumps(doc, indent=1))

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+from typing import Any
 
 from . import __version__
 
@@ -78,9 +81,7 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.shape:
-            shapes = {
-                "T{}-B{}-I{}-H{}-L{}-D{}".format(*d): d for d in [bench.parse_shape(args.shape)]
-            }
+            shapes = {"custom": bench.parse_shape(args.shape)}
         else:
             shapes = {n.strip(): bench.SHAPES[n.strip()] for n in args.shapes.split(",")}
     except (KeyError, ValueError) as exc:
@@ -88,16 +89,82 @@ def _bench(args: argparse.Namespace) -> int:
             f"lstmgrad bench: bad shape: {exc}; known: {', '.join(bench.SHAPES)}", file=sys.stderr
         )
         return 2
+
+    def progress(doc: dict[str, Any]) -> None:
+        if not doc["results"]:
+            print("\n".join(_bench_header(doc)), flush=True)
+            return
+        r = doc["results"][-1]
+        print(f"  {r['shape']}: backward {r['bwd']['ratio']:.2f}x, forward + backward "
+              f"{r['fwdbwd']['ratio']:.2f}x", flush=True)  # fmt: skip
+
     try:
-        doc = bench.run(shapes, args.dtype, args.rounds, args.input, lambda s: print(s, flush=True))
+        doc = bench.run(shapes, args.dtype, args.rounds, args.input, progress)
     except bench.TorchMissing as exc:
         print(exc, file=sys.stderr)
         return 2
-    print(bench.report(doc))
+    print(_bench_tables(doc))
     if args.json:
-        bench.save_json(doc, args.json)
+        Path(args.json).write_text(json.dumps(doc, indent=1))
         print(f"json {args.json}")
     return 0
+
+
+_MM = {"torch": "torch.mm", "numpy": "numpy.matmul"}  # what measured each library's peak
+
+
+def _bench_header(doc: dict[str, Any]) -> list[str]:
+    """The machine lines of a ``lstmgrad bench`` record."""
+    m, c = doc["machine"], doc["config"]
+    pools = m["threadpools"]
+    if isinstance(pools, list):
+        keys = ("internal_api", "version", "architecture", "num_threads")
+        pools = ", ".join(" ".join(str(p[k]) for k in keys if p[k]) + " threads" for p in pools)
+    quota = m["cgroup_cpu_quota"]
+    env = ", ".join(f"{k}={v}" for k, v in m["env"].items() if v is not None) or "none set"
+    peak = ", ".join(
+        f"{_MM[k.split('_')[0]]} {k.split('_')[1]} {v:.3g}" for k, v in m["peak_gflops"].items()
+    )
+    return [
+        f"cpu      {m['cpu']}; {m['affinity']} logical CPUs usable (os.cpu_count {m['cpu_count']})"
+        f", cgroup quota {f'{quota:g} CPUs' if quota else 'none'}",
+        f"threads  torch {m['torch']} {m['torch_threads']}, Numba {m['numba']} "
+        f"{m['numba_threads']}; BLAS/OpenMP: {pools}; env: {env}",
+        f"peak     GEMM GFLOP/s, {m['peak_note']}: {peak}",
+        f"run      {c['dtype']}, lstmgrad given {c['input']}, {c['rounds']} rounds",
+    ]
+
+
+def _bench_tables(doc: dict[str, Any]) -> str:
+    """The tables: per item, both sides' ms, the speedup and GFLOP/s (% of peak)."""
+    from . import bench
+
+    c, pk = doc["config"], doc["machine"]["peak_gflops"]
+    lg_lib = bench.gemm_library(c["input"])
+    t_peak, lg_peak = pk[f"torch_{c['dtype']}"], pk[f"{lg_lib}_float32"]
+    out = [
+        "",
+        "GFLOP/s: GEMM FLOPs per second; (%): of the measured GEMM peak of the side's library, "
+        f"torch.mm {t_peak:.3g} ({c['dtype']}) for torch, {_MM[lg_lib]} {lg_peak:.3g} (float32, its "
+        "compute dtype) for lstmgrad",
+    ]
+    for item, title in (("bwd", "Backward alone"), ("fwdbwd", "Forward + backward")):
+        head = ["shape", "T B I H L D", "torch path", "torch ms", "lstmgrad ms", "speedup"]
+        head += ["torch GFLOP/s", "lstmgrad GFLOP/s"]
+        rows = [head]
+        for res in doc["results"]:
+            r = res[item]
+            rows.append([
+                res["shape"], " ".join(str(v) for v in res["dims"].values()), res["torch_path"],
+                f"{r['torch_ms']:.3g}", f"{r['lstmgrad_ms']:.3g}",
+                f"{r['ratio']:.2f}x [{r['ratio_min']:.2f}-{r['ratio_max']:.2f}]",
+                *(f"{r[f'{s}_gflops']:.3g} ({100 * r[f'{s}_peak_frac']:.0f}%)"
+                  for s in ("torch", "lstmgrad")),
+            ])  # fmt: skip
+        w = [max(len(row[k]) for row in rows) for k in range(len(head))]
+        out += ["", f"{title} (speedup = median of per-round torch ms / lstmgrad ms)"]
+        out += ["  ".join(v.ljust(w[k]) for k, v in enumerate(row)).rstrip() for row in rows]
+    return "\n".join(out[1:])
 
 
 if __name__ == "__main__":  # pragma: no cover
