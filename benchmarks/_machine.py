@@ -320,9 +320,12 @@ def probe_lines(p: dict) -> list[str]:
             each = ", ".join(
                 f"{k} {v['gflops']:.3g} ({v['runs']} runs)" for k, v in pk["products"].items()
             )
+            # float16 is shown, not used: on a CPU without float16 arithmetic its speed varies
+            # several-fold with the sizes, so one product's figure is no peak
+            note = "" if dt == "float32" else ", not a peak: the fractions use float32's"
             lines.append(
                 f"peak     {name} {dt}: {pk['gflops']:.3g} GFLOP/s measured (median per product: "
-                f"{each}; its own process)"
+                f"{each}; its own process{note})"
             )
     return lines
 

@@ -110,11 +110,13 @@ def engine_name(linfo: dict) -> str:
 
 
 def peaks(m: dict, cfg: Config) -> dict[str, float]:
-    """The measured GEMM peak each side's GEMMs run at: torch's in the run's dtype; lstmgrad's
-    in float32 (its compute dtype for float16 too) on NumPy's BLAS or, given tensors, torch's."""
+    """The measured float32 GEMM peak of the library each side's GEMMs run on: torch's for
+    torch; NumPy's BLAS for lstmgrad given arrays, torch's given tensors. float32 also in float16
+    runs: that is lstmgrad's compute dtype, and torch's float16 GEMM speed is no peak (it varies
+    several-fold with the sizes on a CPU without float16 arithmetic)."""
     lib = "numpy" if cfg.lstmgrad_input == "arrays" else "torch"
     return {
-        "torch": peak_gflops(m["probe"], "torch", cfg.dtype),
+        "torch": peak_gflops(m["probe"], "torch", "float32"),
         "lstmgrad": peak_gflops(m["probe"], lib, "float32"),
     }
 
@@ -469,9 +471,9 @@ def torch_path_label(res: dict, pair: str) -> str:
 
 def report(results: list[dict], dtype: str, peak: dict[str, float]) -> str:
     out = [
-        f"GFLOP/s: GEMM FLOPs (effective rows) per second; (%): of the measured GEMM peak of the "
-        f"side's library, torch {peak['torch']:.3g} GFLOP/s ({dtype}), lstmgrad "
-        f"{peak['lstmgrad']:.3g} GFLOP/s (float32, its compute dtype)",
+        f"GFLOP/s: GEMM FLOPs (effective rows) per second; (%): of the measured float32 GEMM peak "
+        f"of the side's library, torch {peak['torch']:.3g} GFLOP/s, lstmgrad "
+        f"{peak['lstmgrad']:.3g} GFLOP/s",
         "",
     ]
     head = [

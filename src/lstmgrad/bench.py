@@ -29,8 +29,7 @@ SHAPES: dict[str, Dims] = {
 }
 DEFAULT_SHAPES = ("med-3", "small-2", "large-1")
 PEAK_GEMMS = ((2048, 1024, 1024), (3200, 1024, 1024))  # [M, K] x [K, N], float32
-PEAK_GEMM_F16 = (256, 1024, 1024)  # smaller: CPUs without float16 arithmetic run it ~100x slower
-PEAK_BUDGET_S = 0.5  # per library and dtype
+PEAK_BUDGET_S = 0.5  # per library
 BATCH_S = 0.05  # aimed seconds of one batch: its reps are chosen from the warm-up
 PAUSE_S = 0.1  # after each batch
 ENV_KEYS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -77,13 +76,12 @@ def _cpu_quota() -> float | None:
     return None
 
 
-def gemm_peak(torch: Any, lib: str, dtype: str = "float32") -> float:
-    """Median GFLOP/s of the best PEAK_GEMMS product (PEAK_GEMM_F16 in float16) with ``lib``
-    ("torch": torch.mm, "numpy": numpy.matmul) into a preallocated output, after a warm-up."""
+def gemm_peak(torch: Any, lib: str) -> float:
+    """float32 GFLOP/s, the best PEAK_GEMMS product's median, with ``lib`` ("torch": torch.mm,
+    "numpy": numpy.matmul) into a preallocated output, after a warm-up."""
     best = 0.0
-    gemms = (PEAK_GEMM_F16,) if dtype == "float16" else PEAK_GEMMS
-    for m, k, n in gemms:
-        a, b, c = (np.ones(s, dtype) for s in ((m, k), (k, n), (m, n)))
+    for m, k, n in PEAK_GEMMS:
+        a, b, c = (np.ones(s, np.float32) for s in ((m, k), (k, n), (m, n)))
         if lib == "torch":
             a, b, c = (torch.from_numpy(v) for v in (a, b, c))
 
@@ -91,7 +89,7 @@ def gemm_peak(torch: Any, lib: str, dtype: str = "float32") -> float:
             (torch.mm if lib == "torch" else np.matmul)(a, b, out=c)
 
         mm()
-        end, ts = time.perf_counter() + PEAK_BUDGET_S / len(gemms), list[float]()
+        end, ts = time.perf_counter() + PEAK_BUDGET_S / len(PEAK_GEMMS), list[float]()
         while not ts or (len(ts) < 10 and time.perf_counter() < end):
             t0 = time.perf_counter()
             mm()
@@ -101,7 +99,7 @@ def gemm_peak(torch: Any, lib: str, dtype: str = "float32") -> float:
     return best
 
 
-def machine(torch: Any, dtype: str) -> dict[str, Any]:
+def machine(torch: Any) -> dict[str, Any]:
     """CPU, cores, threads, BLAS / OpenMP libraries and the GEMM peaks measured in-process."""
     import numba
 
@@ -113,8 +111,6 @@ def machine(torch: Any, dtype: str) -> dict[str, Any]:
     except ImportError:
         pools = "threadpoolctl not installed"
     peak = {f"{lib}_float32": gemm_peak(torch, lib) for lib in ("torch", "numpy")}
-    if dtype == "float16":
-        peak["torch_float16"] = gemm_peak(torch, "torch", "float16")
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {
         "cpu": _cpu_model(), "cpu_count": os.cpu_count(), "affinity": affinity,
@@ -227,8 +223,9 @@ def bench_shape(
                 timed, untimed = items[side, item]
                 ms[side, item].append(1e3 * _time(timed, untimed, reps[side, item]))
                 time.sleep(PAUSE_S)
-    # the peak of each side's GEMMs: lstmgrad computes float16 in float32
-    peaks = {"torch": peak[f"torch_{dtype}"], "lstmgrad": peak[f"{gemm_library(inp)}_float32"]}
+    # float32 also for float16: lstmgrad's compute dtype; torch's float16 GEMMs have no peak
+    # worth the name on CPUs without float16 arithmetic (their speed varies with the sizes)
+    peaks = {"torch": peak["torch_float32"], "lstmgrad": peak[f"{gemm_library(inp)}_float32"]}
     out: dict[str, Any] = {"shape": name, "dims": dict(zip("TBIHLD", dims, strict=True))}
     out.update(torch_path=path, peak_gflops=peaks)
     f_bwd, f_fwd = flops(dims, "backward"), flops(dims, "forward")
@@ -257,7 +254,7 @@ def run(
         raise TorchMissing(TORCH_MISSING) from exc
     say = progress or (lambda _: None)
     config = {"dtype": dtype, "rounds": rounds, "input": inp, "batch_s": BATCH_S}
-    doc: dict[str, Any] = {"machine": machine(torch, dtype), "config": config, "results": []}
+    doc: dict[str, Any] = {"machine": machine(torch), "config": config, "results": []}
     say(doc)
     for name, dims in shapes.items():
         res = bench_shape(torch, name, dims, dtype, inp, rounds, doc["machine"]["peak_gflops"])
