@@ -263,12 +263,12 @@ def probe_machine(dtype: str = "float32") -> dict:
     for lib in ("numpy", "torch"):
         dts = ["float32", "float16"] if lib == "torch" and dtype == "float16" else ["float32"]
         cmd = [sys.executable, str(Path(__file__).resolve()), "probe", lib, *dts]
+        proc = None
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             out[lib] = json.loads(proc.stdout.strip().splitlines()[-1])
-        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-            err = locals().get("proc")
-            out[lib] = {"error": err.stderr[-2000:] if err is not None else "did not start"}
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+            out[lib] = {"error": proc.stderr[-2000:] if proc is not None else repr(exc)}
     return out
 
 
