@@ -116,6 +116,12 @@ def git_state() -> dict:
     return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "src"))}
 
 
+def _children_ticks() -> float:
+    """CPU ticks of this process's waited-for children."""
+    t = os.times()
+    return (t.children_user + t.children_system) * CLK_TCK
+
+
 def cpu_quota() -> float | None:
     """CPUs granted by the cgroup's CFS quota (v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``), None
     when unlimited or unreadable."""
@@ -264,11 +270,15 @@ def probe_machine(dtype: str = "float32") -> dict:
         dts = ["float32", "float16"] if lib == "torch" and dtype == "float16" else ["float32"]
         cmd = [sys.executable, str(Path(__file__).resolve()), "probe", lib, *dts]
         proc = None
+        # other processes' CPU use meanwhile: all CPUs' busy ticks minus the child's own
+        t0, busy0, own0 = time.perf_counter(), _system_busy_ticks(), _children_ticks()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             out[lib] = json.loads(proc.stdout.strip().splitlines()[-1])
         except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
             out[lib] = {"error": proc.stderr[-2000:] if proc is not None else repr(exc)}
+        foreign = _system_busy_ticks() - busy0 - (_children_ticks() - own0)
+        out[lib]["other_cores"] = round(max(0, foreign) / CLK_TCK / (time.perf_counter() - t0), 2)
     return out
 
 
@@ -322,10 +332,11 @@ def probe_lines(p: dict) -> list[str]:
             )
             # float16 is shown, not used: on a CPU without float16 arithmetic its speed varies
             # several-fold with the sizes, so one product's figure is no peak
-            note = "" if dt == "float32" else ", not a peak: the fractions use float32's"
+            note = "" if dt == "float32" else "; not a peak: the fractions use float32's"
             lines.append(
                 f"peak     {name} {dt}: {pk['gflops']:.3g} GFLOP/s measured (median per product: "
-                f"{each}; its own process{note})"
+                f"{each}; its own process, other processes used {info['other_cores']} cores "
+                f"meanwhile{note})"
             )
     return lines
 
