@@ -55,6 +55,7 @@ def test_bench_runs_a_tiny_shape_and_writes_json(tmp_path, capsys):
     assert all(v > 0 for v in doc["machine"]["peak_gflops"].values())
     (res,) = doc["results"]
     assert res["dims"] == {"T": 3, "B": 2, "I": 4, "H": 5, "L": 1, "D": 1}
+    assert res["torch_path"] in ("oneDNN", "native") and res["other_cores"] >= 0
     for item in ("bwd", "fwdbwd"):
         r = res[item]
         assert r["flops"] > 0 and r["ratio"] > 0

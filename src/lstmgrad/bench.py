@@ -40,14 +40,6 @@ class TorchMissing(RuntimeError):
     """PyTorch is not installed: the benchmark has nothing to compare with."""
 
 
-def parse_shape(text: str) -> Dims:
-    """``"T,B,I,H,L,D"`` as six positive integers, D 1 or 2 (ValueError otherwise)."""
-    v = tuple(int(s) for s in text.split(","))
-    if len(v) != 6 or min(v) < 1 or v[5] not in (1, 2):
-        raise ValueError(f"expected T,B,I,H,L,D (positive integers, D 1 or 2), got {text!r}")
-    return v  # type: ignore[return-value]
-
-
 def flops(dims: Dims, part: str) -> int:
     """GEMM FLOPs of the "backward" (16*T*B*H*(H + I_l) per layer and direction) or the
     "forward" (8*T*B*H*(H + I_l)); I_l = I for layer 0, D*H above."""
@@ -199,6 +191,15 @@ def _torch_path(y: Any) -> str:
     return "native"
 
 
+def _busy_s() -> float:
+    """Busy CPU seconds of all CPUs since boot (every /proc/stat field but idle and iowait)."""
+    try:
+        v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return 0.0
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def gemm_library(inp: str) -> str:
     """The library of lstmgrad's GEMMs: NumPy's BLAS for arrays, torch's for tensors."""
     return "numpy" if inp == "numpy" else "torch"
@@ -217,17 +218,21 @@ def bench_shape(
         reps[key] = max(1, min(50, round(BATCH_S / max(_time(timed, untimed, 1), 1e-6))))
         time.sleep(PAUSE_S)
     ms: dict[tuple[str, str], list[float]] = {k: [] for k in items}
+    t0, busy0, own0 = time.perf_counter(), _busy_s(), sum(os.times()[:2])
     for r in range(rounds):
         for item in ("bwd", "fwdbwd"):
             for side in ("torch", "lstmgrad")[:: 1 if r % 2 == 0 else -1]:
                 timed, untimed = items[side, item]
                 ms[side, item].append(1e3 * _time(timed, untimed, reps[side, item]))
                 time.sleep(PAUSE_S)
+    # other processes' CPU use during the rounds: a busy machine makes the figures a draw
+    other = _busy_s() - busy0 - (sum(os.times()[:2]) - own0)
     # float32 also for float16: lstmgrad's compute dtype; torch's float16 GEMMs have no peak
     # worth the name on CPUs without float16 arithmetic (their speed varies with the sizes)
     peaks = {"torch": peak["torch_float32"], "lstmgrad": peak[f"{gemm_library(inp)}_float32"]}
     out: dict[str, Any] = {"shape": name, "dims": dict(zip("TBIHLD", dims, strict=True))}
     out.update(torch_path=path, peak_gflops=peaks)
+    out["other_cores"] = round(max(0.0, other) / (time.perf_counter() - t0), 2)
     f_bwd, f_fwd = flops(dims, "backward"), flops(dims, "forward")
     for item, f in (("bwd", f_bwd), ("fwdbwd", f_bwd + f_fwd)):
         ratios = [a / b for a, b in zip(ms["torch", item], ms["lstmgrad", item], strict=True)]

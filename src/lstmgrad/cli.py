@@ -73,6 +73,14 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
 
 
+def _parse_shape(text: str) -> tuple[int, int, int, int, int, int]:
+    """``"T,B,I,H,L,D"`` as six positive integers, D 1 or 2 (ValueError otherwise)."""
+    v = tuple(int(s) for s in text.split(","))
+    if len(v) != 6 or min(v) < 1 or v[5] not in (1, 2):
+        raise ValueError(f"expected T,B,I,H,L,D (positive integers, D 1 or 2), got {text!r}")
+    return v  # type: ignore[return-value]
+
+
 def _bench(args: argparse.Namespace) -> int:
     from . import bench
 
@@ -81,7 +89,7 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.shape:
-            shapes = {"custom": bench.parse_shape(args.shape)}
+            shapes = {"custom": _parse_shape(args.shape)}
         else:
             shapes = {n.strip(): bench.SHAPES[n.strip()] for n in args.shapes.split(",")}
     except (KeyError, ValueError) as exc:
@@ -96,7 +104,8 @@ def _bench(args: argparse.Namespace) -> int:
             return
         r = doc["results"][-1]
         print(f"  {r['shape']}: backward {r['bwd']['ratio']:.2f}x, forward + backward "
-              f"{r['fwdbwd']['ratio']:.2f}x", flush=True)  # fmt: skip
+              f"{r['fwdbwd']['ratio']:.2f}x (other processes used {r['other_cores']} cores)",
+              flush=True)  # fmt: skip
 
     try:
         doc = bench.run(shapes, args.dtype, args.rounds, args.input, progress)
@@ -111,6 +120,10 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 _MM = {"torch": "torch.mm", "numpy": "numpy.matmul"}  # what measured each library's peak
+
+
+def _ms(v: float) -> str:
+    return f"{v:.3f}" if v < 1 else f"{v:.2f}" if v < 100 else f"{v:.1f}"
 
 
 def _bench_header(doc: dict[str, Any]) -> list[str]:
@@ -149,19 +162,21 @@ def _bench_tables(doc: dict[str, Any]) -> str:
     ]
     for item, title in (("bwd", "Backward alone"), ("fwdbwd", "Forward + backward")):
         head = ["shape", "T B I H L D", "torch path", "torch ms", "lstmgrad ms", "speedup"]
-        head += ["torch GFLOP/s", "lstmgrad GFLOP/s"]
+        head += ["torch GFLOP/s", "lstmgrad GFLOP/s", "other cores"]
         rows = [head]
         for res in doc["results"]:
             r = res[item]
             rows.append([
                 res["shape"], " ".join(str(v) for v in res["dims"].values()), res["torch_path"],
-                f"{r['torch_ms']:.3g}", f"{r['lstmgrad_ms']:.3g}",
+                _ms(r["torch_ms"]), _ms(r["lstmgrad_ms"]),
                 f"{r['ratio']:.2f}x [{r['ratio_min']:.2f}-{r['ratio_max']:.2f}]",
                 *(f"{r[f'{s}_gflops']:.3g} ({100 * r[f'{s}_peak_frac']:.0f}%)"
                   for s in ("torch", "lstmgrad")),
+                f"{res['other_cores']:.2f}",
             ])  # fmt: skip
         w = [max(len(row[k]) for row in rows) for k in range(len(head))]
-        out += ["", f"{title} (speedup = median of per-round torch ms / lstmgrad ms)"]
+        out += ["", f"{title} (speedup = median of per-round torch ms / lstmgrad ms; other "
+                "cores = other processes' CPU use during the shape's rounds)"]  # fmt: skip
         out += ["  ".join(v.ljust(w[k]) for k, v in enumerate(row)).rstrip() for row in rows]
     return "\n".join(out[1:])
 
