@@ -1,6 +1,7 @@
 """lstmgrad vs PyTorch nn.LSTM on CPU: correctness gate, interleaved timings, table, JSON, PNG.
 
-    python benchmarks/run.py [--shapes id,id] [--rounds N] [--quick] [--json PATH] [--png PATH]
+    python benchmarks/run.py [--shapes id,id] [--rounds N] [--quick] [--dtype float16]
+                             [--json PATH] [--png PATH]
 
 Each side runs in its own persistent worker process (worker_torch.py imports torch and never
 lstmgrad; worker_lstmgrad.py never imports torch): NumPy's OpenBLAS and PyTorch's BLAS in one
@@ -34,6 +35,9 @@ from _machine import (  # noqa: E402
     add_noise_options,
     machine,
     med,
+    peak_gflops,
+    probe_lines,
+    probe_machine,
     rel_err,
     save_figure,
     speedup_axis,
@@ -87,6 +91,7 @@ class Config:
     max_retries: int
     budget_s: float  # time for all shapes; redos stop when a shape has used its share
     lstmgrad_input: str = "arrays"  # or "tensors" (see worker_lstmgrad.py)
+    dtype: str = "float32"  # of the timed items (the gate and the GEMM-only items: float32)
 
     def lstmgrad_env(self) -> dict[str, str]:
         """The lstmgrad workers' environment (their input mode)."""
@@ -104,6 +109,18 @@ def engine_name(linfo: dict) -> str:
     return "reference (no `impl` keyword yet: the default engine)"
 
 
+def peaks(m: dict, cfg: Config) -> dict[str, float]:
+    """The measured float32 GEMM peak of the library each side's GEMMs run on: torch's for
+    torch; NumPy's BLAS for lstmgrad given arrays, torch's given tensors. float32 also in float16
+    runs: that is lstmgrad's compute dtype, and torch's float16 GEMM speed is no peak (it varies
+    several-fold with the sizes on a CPU without float16 arithmetic)."""
+    lib = "numpy" if cfg.lstmgrad_input == "arrays" else "torch"
+    return {
+        "torch": peak_gflops(m["probe"], "torch", "float32"),
+        "lstmgrad": peak_gflops(m["probe"], lib, "float32"),
+    }
+
+
 def header_lines(m: dict) -> list[str]:
     t, lg = m["torch_worker"], m["lstmgrad_worker"]
     blas = lg.get("numpy_blas")
@@ -117,10 +134,10 @@ def header_lines(m: dict) -> list[str]:
     env = ", ".join(f"{k}={v}" for k, v in m["env"].items() if v is not None) or "none set"
     return [
         f"date     {m['date']}   git {m['git']['commit'][:10]}{' (src dirty)' if m['git']['dirty'] else ''}",
-        f"machine  {m['cpu']}, {m['cpu_count']} cores (affinity {m['affinity']}), "
-        f"load {m['loadavg_start'][0]:.2f}, Python {m['python']}",
-        f"torch    {t['torch']}, {t['num_threads']} threads (interop {t['num_interop_threads']}), "
-        f"BLAS {t['blas']}, {t['onednn']}, mkldnn enabled {t['mkldnn_enabled']}",
+        f"machine  load {m['loadavg_start'][0]:.2f}, Python {m['python']}, {m['platform']}",
+        *probe_lines(m["probe"]),
+        f"torch    worker: {t['num_threads']} threads (interop {t['num_interop_threads']}), "
+        f"mkldnn enabled {t['mkldnn_enabled']}",
         f"lstmgrad {lg['lstmgrad']} engine {engine_name(lg)}; NumPy {lg['numpy']} BLAS {blas_s}, "
         f"OpenBLAS threads {lg.get('openblas_threads')}; Numba {lg.get('numba')} "
         f"({lg.get('numba_threads')} threads)",
@@ -194,13 +211,20 @@ def gate(tw: Worker, lw: Worker, log: list[str]) -> dict:
 
 
 def measure_shape(
-    sh: Shape, tw: Worker, lw: Worker, cfg: Config, logdir: Path, share_s: float
+    sh: Shape,
+    tw: Worker,
+    lw: Worker,
+    cfg: Config,
+    logdir: Path,
+    share_s: float,
+    peak: dict[str, float],
 ) -> dict:
     """All measurements of one shape; noisy pairs are redone only within ``share_s`` seconds
-    (this shape's share of the run's time budget)."""
+    (this shape's share of the run's time budget). ``peak``: GFLOP/s of each side's GEMMs
+    (:func:`peaks`), the denominators of the peak fractions."""
     t_start = time.perf_counter()
-    tset = tw.call("setup", shape=sh.to_dict())
-    lset = lw.call("setup", shape=sh.to_dict())
+    tset = tw.call("setup", shape=sh.to_dict(), dtype=cfg.dtype)
+    lset = lw.call("setup", shape=sh.to_dict(), dtype=cfg.dtype)
     if lset["torch_imported"] and cfg.lstmgrad_input == "arrays":
         raise SystemExit("lstmgrad worker imported torch: the measurement would be invalid")
     pairs = pairs_of(sh)
@@ -296,13 +320,19 @@ def measure_shape(
         )
         try:
             with CpuWatch(fresh.proc.pid) as watch:
-                first = fresh.call("first_call", shape=sh.to_dict())
+                first = fresh.call("first_call", shape=sh.to_dict(), dtype=cfg.dtype)
             first["other_cores"] = round(watch.foreign_cores, 3)
         finally:
             fresh.close()
         time.sleep(cfg.pause_s)
 
     # per round: median of the batch's reps; pair ratio per round
+    # effective rows (sum of the lengths) also for torch's padded run: useful work per second
+    flops = {
+        "bwd": sh.flops_backward(),
+        "fwdbwd": sh.flops_fwd_bwd(),
+        "bwd_nodx": sh.flops_backward(dx=False),
+    }
     summary: dict[str, Any] = {}
     for name, d in raw.items():
         t_ms = [1e3 * med(b["s"]) for b in d["torch"]]
@@ -312,6 +342,8 @@ def measure_shape(
         noisy = sum(
             bool(a["noisy"] or b["noisy"]) for a, b in zip(d["torch"], d["lg"], strict=True)
         )
+        f = flops[name.removesuffix("_dense")]
+        gf = {"torch": f / med(t_ms) / 1e6, "lg": f / med(l_ms) / 1e6}
         summary[name] = {
             "noisy_rounds": noisy,
             "rounds": len(ratios),
@@ -321,6 +353,11 @@ def measure_shape(
             "ratio_min": min(ratios),
             "ratio_max": max(ratios),
             "torch_path": tset["paths"][d["torch_item"]]["path"],
+            "flops": f,
+            "torch_gflops": gf["torch"],
+            "lg_gflops": gf["lg"],
+            "torch_peak_frac": gf["torch"] / peak["torch"],
+            "lg_peak_frac": gf["lg"] / peak["lstmgrad"],
         }
     gemm_ms = {g: med([1e3 * med(b["s"]) for b in v]) for g, v in gemm_raw.items()}
     if not gemm_ms:  # tensors: no GEMM-only reference
@@ -397,6 +434,13 @@ def _ratio(s: dict) -> str:
     return f"{s['ratio']:.2f}x [{s['ratio_min']:.2f}-{s['ratio_max']:.2f}]"
 
 
+def _gflops(s: dict, side: str) -> str:
+    """GFLOP/s of one side and its fraction of that side's measured GEMM peak."""
+    frac = s[f"{side}_peak_frac"]
+    pct = f" ({100 * frac:.0f}%)" if math.isfinite(frac) else ""
+    return f"{s[f'{side}_gflops']:.3g}{pct}"
+
+
 def _noisy(s: dict) -> str:
     return f"{s['noisy_rounds']}/{s['rounds']}"
 
@@ -425,15 +469,21 @@ def torch_path_label(res: dict, pair: str) -> str:
     return f"{s['torch_path']} ({'padded' if pair.endswith('_dense') else 'packed'})"
 
 
-def report(results: list[dict]) -> str:
-    out = []
+def report(results: list[dict], dtype: str, peak: dict[str, float]) -> str:
+    out = [
+        f"GFLOP/s: GEMM FLOPs (effective rows) per second; (%): of the measured float32 GEMM peak "
+        f"of the side's library, torch {peak['torch']:.3g} GFLOP/s, lstmgrad "
+        f"{peak['lstmgrad']:.3g} GFLOP/s",
+        "",
+    ]
     head = [
         "shape",
         "torch path",
         "torch ms",
         "lstmgrad ms",
         "speedup [min-max]",
-        "GFLOP/s",
+        "torch GFLOP/s",
+        "lstmgrad GFLOP/s",
         "GEMM-only",
         "extra MB",
         "first call s",
@@ -452,14 +502,15 @@ def report(results: list[dict]) -> str:
                     _fmt_ms(s["torch_ms"]),
                     _fmt_ms(s["lg_ms"]),
                     _ratio(s),
-                    f"{d['gflops_bwd']:.1f}",
+                    _gflops(s, "torch"),
+                    _gflops(s, "lg"),
                     f"{d['gemm_frac_bwd']:.2f}",
                     _extra_mb(res, "bwd"),
                     f"{fc['bwd1_s']:.2f}" if fc else "-",
                     _noisy(s),
                 ]
             )
-    out.append("Backward alone (float32; speedup = median of per-round torch ms / lstmgrad ms)")
+    out.append(f"Backward alone ({dtype}; speedup = median of per-round torch ms / lstmgrad ms)")
     out.append(table(rows, head))
     rows = []
     for res in results:
@@ -474,7 +525,8 @@ def report(results: list[dict]) -> str:
                     _fmt_ms(s["torch_ms"]),
                     _fmt_ms(s["lg_ms"]),
                     _ratio(s),
-                    f"{d['gflops_fwd_bwd']:.1f}",
+                    _gflops(s, "torch"),
+                    _gflops(s, "lg"),
                     f"{d['gemm_frac_fwd_bwd']:.2f}",
                     _extra_mb(res, "fwd", "bwd"),
                     f"{fc['fwd1_s'] + fc['bwd1_s']:.2f}" if fc else "-",
@@ -490,7 +542,8 @@ def report(results: list[dict]) -> str:
         "torch ms",
         "lstmgrad ms",
         "speedup [min-max]",
-        "GFLOP/s",
+        "torch GFLOP/s",
+        "lstmgrad GFLOP/s",
         "GEMM-only",
         "extra MB",
         "no-dx/full",
@@ -506,7 +559,8 @@ def report(results: list[dict]) -> str:
                 _fmt_ms(s["torch_ms"]),
                 _fmt_ms(s["lg_ms"]),
                 _ratio(s),
-                f"{d['gflops_bwd_nodx']:.1f}",
+                _gflops(s, "torch"),
+                _gflops(s, "lg"),
                 f"{d['gemm_frac_bwd_nodx']:.2f}",
                 _extra_mb(res, "bwd_nodx"),
                 f"{d['nodx_over_full']:.2f}",
@@ -627,6 +681,13 @@ def main(argv: list[str] | None = None) -> int:
         help="what lstmgrad is given: NumPy arrays (its GEMMs on NumPy's BLAS; default) or "
         "torch tensors over the same memory (its GEMMs on torch's oneDNN / BLAS)",
     )
+    ap.add_argument(
+        "--dtype",
+        choices=("float32", "float16"),
+        default="float32",
+        help="dtype of the timed items on both sides (default float32; the gate and the "
+        "GEMM-only items stay float32)",
+    )
     args = ap.parse_args(argv)
 
     shapes = select(args.shapes)
@@ -641,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
         max_retries=args.max_retries,
         budget_s=args.budget_s,
         lstmgrad_input=args.lstmgrad_input,
+        dtype=args.dtype,
     )
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     resdir = HERE / "results"
@@ -650,6 +712,7 @@ def main(argv: list[str] | None = None) -> int:
     logdir.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
+    probe = probe_machine(cfg.dtype)  # before the workers start: nothing else running
     tw = Worker("torch", HERE / "worker_torch.py", logdir / "torch.log")
     lw = Worker(
         "lstmgrad", HERE / "worker_lstmgrad.py", logdir / "lstmgrad.log", cfg.lstmgrad_env()
@@ -661,7 +724,8 @@ def main(argv: list[str] | None = None) -> int:
             linfo["torch_imported"] and args.lstmgrad_input == "arrays"
         ):
             raise SystemExit("a worker imported the other side's library; aborting")
-        meta = machine(tinfo, linfo)
+        meta = machine(tinfo, linfo, probe)
+        peak = peaks(meta, cfg)
         lines = header_lines(meta)
         for line in lines:
             print(line, flush=True)
@@ -687,14 +751,15 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         print(
-            f"timing   {len(shapes)} shapes, {cfg.rounds} rounds, ~{cfg.target_s:g} s per batch, "
-            f"pause {cfg.pause_s:g} s",
+            f"timing   {len(shapes)} shapes, {cfg.dtype}, {cfg.rounds} rounds, "
+            f"~{cfg.target_s:g} s per batch, pause {cfg.pause_s:g} s",
             flush=True,
         )
         t_timing = time.perf_counter()
         for k, sh in enumerate(shapes):
             left = cfg.budget_s - (time.perf_counter() - t_timing)
-            res = measure_shape(sh, tw, lw, cfg, logdir, max(0.0, left) / (len(shapes) - k))
+            share = max(0.0, left) / (len(shapes) - k)
+            res = measure_shape(sh, tw, lw, cfg, logdir, share, peak)
             results.append(res)
             s = res["summary"]
             print(
@@ -715,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
         lw.close()
 
     print()
-    print(report(results))
+    print(report(results, cfg.dtype, peak))
     print()
     title = f"lstmgrad {linfo['lstmgrad']} [{engine_name(linfo).split(' ')[0]}] vs torch {tinfo['torch']}, {meta['cpu']}, {meta['affinity']} cores, {meta['date'][:10]}"
     plot(results, png_path, title)

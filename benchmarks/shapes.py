@@ -22,6 +22,37 @@ LENGTHS_SEED = 1234  # seed of the varlen lengths draw
 DATA_SEED = 0  # seed of the input / weight / gradient values
 
 
+def lstm_flops(
+    rows: int,
+    I: int,
+    H: int,
+    L: int,
+    D: int,
+    part: str = "backward",
+    dx: bool = True,  # noqa: E741
+) -> int:
+    """GEMM FLOPs (2 per multiply-add) of an LSTM's ``part`` ("backward", "forward" or
+    "fwd_bwd") over ``rows`` active (time, batch) rows: T*B dense, the sum of the lengths with
+    variable lengths. Per (layer, direction), I_l = I for layer 0 and D*H above: the backward is
+    16*rows*H*(H + I_l) (recurrent dh, dx, dW_ih, dW_hh), the forward 8*rows*H*(H + I_l).
+    ``dx=False`` drops layer 0's dx GEMM, 8*rows*H*I, from the backward (output_mask)."""
+    if part == "fwd_bwd":
+        return lstm_flops(rows, I, H, L, D, "forward") + lstm_flops(
+            rows, I, H, L, D, "backward", dx
+        )
+    if part not in ("backward", "forward"):
+        raise ValueError(f"part must be 'backward', 'forward' or 'fwd_bwd', got {part!r}")
+    per_mac = 16 if part == "backward" else 8
+    total = 0
+    for layer in range(L):
+        il = I if layer == 0 else D * H
+        per = per_mac * rows * H * (H + il)
+        if part == "backward" and layer == 0 and not dx:
+            per -= 8 * rows * H * il
+        total += D * per
+    return total
+
+
 @dataclass(frozen=True)
 class Shape:
     """One benchmark case. ``lengths_range`` (lo, hi) marks a variable-length case: lengths are
@@ -72,21 +103,10 @@ class Shape:
 
     def flops_backward(self, effective: bool = True, dx: bool = True) -> int:
         """GEMM FLOPs of the backward; ``dx=False`` drops layer 0's dx GEMM (output_mask)."""
-        rows, h, total = self.rows(effective), self.H, 0
-        for layer in range(self.L):
-            il = self.input_size(layer)
-            per = 16 * rows * h * (h + il)
-            if layer == 0 and not dx:
-                per -= 8 * rows * h * il
-            total += self.D * per
-        return total
+        return lstm_flops(self.rows(effective), self.I, self.H, self.L, self.D, "backward", dx)
 
     def flops_forward(self, effective: bool = True) -> int:
-        rows = self.rows(effective)
-        return sum(
-            self.D * 8 * rows * self.H * (self.H + self.input_size(layer))
-            for layer in range(self.L)
-        )
+        return lstm_flops(self.rows(effective), self.I, self.H, self.L, self.D, "forward")
 
     def flops_fwd_bwd(self, effective: bool = True) -> int:
         return self.flops_forward(effective) + self.flops_backward(effective)

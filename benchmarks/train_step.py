@@ -1,7 +1,7 @@
 """Full training step, lstmgrad.nn.LSTM vs torch.nn.LSTM on CPU, each side in its own process.
 
     python benchmarks/train_step.py [--shapes id,id] [--rounds N] [--processes P] [--quick]
-                                    [--json P] [--png P]
+                                    [--dtype float16] [--json P] [--png P]
 
 One step = zero_grad, forward of Linear(I, I) -> LSTM -> Linear(D*H, 64), cross-entropy over the
 valid time steps, backward, SGD(lr=1e-3, momentum=0.9).step(). Both workers run
@@ -39,6 +39,9 @@ from _machine import (  # noqa: E402
     add_noise_options,
     machine,
     med,
+    peak_gflops,
+    probe_lines,
+    probe_machine,
     rel_err,
     save_figure,
     speedup_axis,
@@ -46,7 +49,10 @@ from _machine import (  # noqa: E402
 from _protocol import Worker, WorkerError, decode  # noqa: E402
 from shapes import SHAPES, Shape, select  # noqa: E402
 
-GATE_TOL = 1e-4  # relative, float32 losses and LSTM parameters after GATE_STEPS steps
+# relative error allowed on the losses, gradients and LSTM parameters after GATE_STEPS steps;
+# float16: torch rounds every GEMM and gate to float16, lstmgrad computes in float32 (and a
+# gradient's error is taken relative to the model's largest gradient, see gate)
+GATE_TOLS = {"float32": 1e-4, "float16": 2e-2}
 GATE_STEPS = 3
 TARGET_DENSE, TARGET_VARLEN = 1.0, 2.0  # the project's speedup targets
 SEED = 0
@@ -65,18 +71,21 @@ class Config:
     noise_cores: float  # a pair is redone when other processes used more CPU than this
     max_retries: int
     budget_s: float  # time for the timings of all shapes; redos stop past a shape's share
+    dtype: str = "float32"  # of the model, its input and its training, gate included
 
 
 class TrainWorker(Worker):
     """:class:`_protocol.Worker` running ``worker_train.py --impl IMPL``."""
 
-    def __init__(self, impl: str, log_path: Path, threads: int | None = None) -> None:
+    def __init__(
+        self, impl: str, log_path: Path, threads: int | None = None, dtype: str = "float32"
+    ) -> None:
         # Worker.__init__ starts the script without arguments; same setup, plus --impl
         self.name = impl
         self.log_path = log_path
         self._log = open(log_path, "a")  # noqa: SIM115 (closed in close())
         self.t_spawn = time.perf_counter()
-        extra = ["--threads", str(threads)] if threads else []
+        extra = ["--dtype", dtype] + (["--threads", str(threads)] if threads else [])
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKER), "--impl", impl, *extra],
             stdin=subprocess.PIPE,
@@ -97,11 +106,12 @@ def machine_lines(m: dict) -> list[str]:
     dirty = " (src dirty)" if m["git"]["dirty"] else ""
     return [
         f"date     {m['date']}   git {m['git']['commit'][:10]}{dirty}",
-        f"machine  {m['cpu']}, {m['cpu_count']} cores (affinity {m['affinity']}), "
-        f"load {m['loadavg_start'][0]:.2f}, Python {m['python']}",
-        f"torch    {t['torch']}, {t['num_threads']} threads (interop {t['num_interop_threads']}), "
-        f"BLAS {t['blas']}, {t['onednn']}, mkldnn enabled {t['mkldnn_enabled']}",
-        f"lstmgrad {lg['lstmgrad']} (lstmgrad.nn.LSTM, GEMMs on torch: oneDNN or torch.mm), torch threads "
+        f"machine  load {m['loadavg_start'][0]:.2f}, Python {m['python']}, {m['platform']}",
+        *probe_lines(m["probe"]),
+        f"torch    worker: {t['num_threads']} threads (interop {t['num_interop_threads']}), "
+        f"mkldnn enabled {t['mkldnn_enabled']}, {t['dtype']}",
+        f"lstmgrad {lg['lstmgrad']} (lstmgrad.nn.LSTM, GEMMs on torch: oneDNN or torch.mm), "
+        "torch threads "
         f"{lg['num_threads']} in its worker; Numba {lg['numba']} ({lg['numba_threads']} threads)",
         f"env      {env}",
     ]
@@ -117,11 +127,12 @@ def gate_shape(sh: Shape) -> Shape:
     return replace(sh.scaled(), I=max(4, sh.I // 16), H=max(4, sh.H // 16))
 
 
-def gate(tw: Worker, lw: Worker) -> tuple[dict, list[str]]:
+def gate(tw: Worker, lw: Worker, dtype: str) -> tuple[dict, list[str]]:
     """Both sides train every scaled shape GATE_STEPS steps from the same weights. Returns what
     was measured and the failures: weights not identical at the start, or losses, first-step
     gradients (every parameter of the model) or final LSTM parameters that differ."""
-    out: dict[str, Any] = {"tol": GATE_TOL, "steps": GATE_STEPS, "shapes": {}}
+    tol = GATE_TOLS[dtype]
+    out: dict[str, Any] = {"tol": tol, "dtype": dtype, "steps": GATE_STEPS, "shapes": {}}
     failures, worst_loss, worst_param, worst_grad = [], 0.0, 0.0, 0.0
     for full in SHAPES:
         sh = gate_shape(full)
@@ -137,6 +148,14 @@ def gate(tw: Worker, lw: Worker) -> tuple[dict, list[str]]:
             param_errs.append(math.inf)
         g_got, g_want = decode(got["grads"]), decode(want["grads"])
         grad_errs = {n: rel_err(g_got.get(n), g) for n, g in g_want.items()}
+        if dtype == "float16":
+            # against the model's largest gradient: the tiny gradients deep in a stack round
+            # differently when torch rounds every step to float16 and lstmgrad computes in float32
+            scale = max(float(np.max(np.abs(g))) for g in g_want.values())
+            grad_errs = {
+                n: rel_err(g_got.get(n), g) * float(np.max(np.abs(g))) / scale
+                for n, g in g_want.items()
+            }
         res = {
             "label": sh.label(),
             "same_initial_weights": got["hash"] == want["hash"],
@@ -152,26 +171,25 @@ def gate(tw: Worker, lw: Worker) -> tuple[dict, list[str]]:
         worst_grad = max(worst_grad, *grad_errs.values())
         if not res["same_initial_weights"]:
             failures.append(f"{full.id} ({sh.label()}): initial weights differ between workers")
-        if not res["loss_rel_err"] <= GATE_TOL:
+        if not res["loss_rel_err"] <= tol:
             failures.append(
                 f"{full.id} ({sh.label()}): losses differ, rel err {res['loss_rel_err']:.2e} > "
-                f"{GATE_TOL:g}; torch {want['losses']}, lstmgrad {got['losses']}"
+                f"{tol:g}; torch {want['losses']}, lstmgrad {got['losses']}"
             )
-        bad = {n: f"{e:.2e}" for n, e in grad_errs.items() if not e <= GATE_TOL}
+        bad = {n: f"{e:.2e}" for n, e in grad_errs.items() if not e <= tol}
         if bad:
             failures.append(
-                f"{full.id} ({sh.label()}): first-step gradients differ (rel err > "
-                f"{GATE_TOL:g}): {bad}"
+                f"{full.id} ({sh.label()}): first-step gradients differ (rel err > {tol:g}): {bad}"
             )
-        if not res["param_rel_err"] <= GATE_TOL:
+        if not res["param_rel_err"] <= tol:
             failures.append(
                 f"{full.id} ({sh.label()}): LSTM parameters after {GATE_STEPS} steps differ, max "
-                f"rel err {res['param_rel_err']:.2e} > {GATE_TOL:g}"
+                f"rel err {res['param_rel_err']:.2e} > {tol:g}"
             )
     line = (
         f"gate     {GATE_STEPS} SGD steps from identical weights, {len(SHAPES)} scaled shapes "
-        f"(T<=6, B<=5, I,H/16), float32: max rel err losses {worst_loss:.1e}, first-step "
-        f"gradients {worst_grad:.1e}, final LSTM params {worst_param:.1e} (tol {GATE_TOL:g})"
+        f"(T<=6, B<=5, I,H/16), {dtype}: max rel err losses {worst_loss:.1e}, first-step "
+        f"gradients {worst_grad:.1e}, final LSTM params {worst_param:.1e} (tol {tol:g})"
     )
     out["failures"] = failures
     return out, [line]
@@ -266,9 +284,15 @@ def measure_in(
 
 
 def measure_shape(
-    sh: Shape, cfg: Config, share_s: float, logdir: Path, threads: int | None
+    sh: Shape,
+    cfg: Config,
+    share_s: float,
+    logdir: Path,
+    threads: int | None,
+    peak: dict[str, float],
 ) -> dict:
-    """One shape timed in ``cfg.processes`` fresh pairs of workers, its rounds pooled.
+    """One shape timed in ``cfg.processes`` fresh pairs of workers, its rounds pooled; ``peak``:
+    the GEMM GFLOP/s of each side (:func:`peaks`), the denominators of the peak fractions.
 
     A process's speed on a shape varies from process to process, for both sides (measured:
     torch.nn.LSTM forward + backward of med-1 17.7-24.7 ms in eight fresh processes, lstmgrad
@@ -277,8 +301,8 @@ def measure_shape(
     per = math.ceil(cfg.rounds / cfg.processes)
     parts = []
     for _ in range(cfg.processes):
-        tw = TrainWorker("torch", logdir / "torch.log", threads)
-        lw = TrainWorker("lstmgrad", logdir / "lstmgrad.log", threads)
+        tw = TrainWorker("torch", logdir / "torch.log", threads, cfg.dtype)
+        lw = TrainWorker("lstmgrad", logdir / "lstmgrad.log", threads, cfg.dtype)
         try:
             part = measure_in(sh, tw, lw, cfg, share_s / cfg.processes, per)
         finally:
@@ -294,7 +318,13 @@ def measure_shape(
 
     t_ms, l_ms = ms("torch:step"), ms("lstmgrad:step")
     ratios = [a / b for a, b in zip(t_ms, l_ms, strict=True)]
+    flops = sh.flops_fwd_bwd()  # the LSTM's alone, effective rows (also for torch padded)
     summary: dict[str, Any] = {
+        "lstm_flops": flops,
+        "torch_gflops": flops / med(t_ms) / 1e6,
+        "lstmgrad_gflops": flops / med(l_ms) / 1e6,
+        "torch_peak_frac": flops / med(t_ms) / 1e6 / peak["torch"],
+        "lstmgrad_peak_frac": flops / med(l_ms) / 1e6 / peak["lstmgrad"],
         "torch_path": tset_paths["step"]["path"],
         "torch_ms": med(t_ms),
         "lstmgrad_ms": med(l_ms),
@@ -320,6 +350,8 @@ def measure_shape(
         summary.update(
             padded_path=tset_paths["padded"]["path"],
             padded_ms=med(p_ms),
+            padded_gflops=flops / med(p_ms) / 1e6,
+            padded_peak_frac=flops / med(p_ms) / 1e6 / peak["torch"],
             padded_speedup=med(pr),
             padded_speedup_min=min(pr),
             padded_speedup_max=max(pr),
@@ -348,6 +380,15 @@ def measure_shape(
 # reporting
 
 
+def peaks(m: dict) -> dict[str, float]:
+    """The measured float32 GEMM peak of torch.mm, the library of both sides' GEMMs (float32
+    also in float16 runs: see run.peaks)."""
+    return {
+        "torch": peak_gflops(m["probe"], "torch", "float32"),
+        "lstmgrad": peak_gflops(m["probe"], "torch", "float32"),
+    }
+
+
 def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
 
@@ -360,6 +401,12 @@ def _x(v: float, lo: float, hi: float) -> str:
     return f"{v:.2f}x [{lo:.2f}-{hi:.2f}]"
 
 
+def _gf(s: dict, side: str) -> str:
+    """LSTM GFLOP/s of one side and its fraction of that side's measured GEMM peak."""
+    frac = s[f"{side}_peak_frac"]
+    return f"{s[f'{side}_gflops']:.3g}" + (f" ({100 * frac:.0f}%)" if math.isfinite(frac) else "")
+
+
 def table(results: list[dict]) -> str:
     """The markdown table of the run."""
     head = [
@@ -370,7 +417,10 @@ def table(results: list[dict]) -> str:
         "lstmgrad ms",
         "speedup [min-max]",
         "target",
+        "torch GFLOP/s",
+        "lstmgrad GFLOP/s",
         "torch padded ms",
+        "torch padded GFLOP/s",
         "speedup vs padded",
         "noisy",
     ]
@@ -387,7 +437,10 @@ def table(results: list[dict]) -> str:
                 _ms(s["lstmgrad_ms"]),
                 _x(s["speedup"], s["speedup_min"], s["speedup_max"]),
                 f">= {s['target']:g}x {met}",
+                _gf(s, "torch"),
+                _gf(s, "lstmgrad"),
                 _ms(s["padded_ms"]) if "padded_ms" in s else "-",
+                _gf(s, "padded") if "padded_ms" in s else "-",
                 _x(s["padded_speedup"], s["padded_speedup_min"], s["padded_speedup_max"])
                 if "padded_speedup" in s
                 else "-",
@@ -532,6 +585,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--threads", type=int, help="torch.set_num_threads in both workers (default: torch's)"
     )
+    ap.add_argument(
+        "--dtype",
+        choices=("float32", "float16"),
+        default="float32",
+        help="dtype of the model, its input and its training, gate included (default float32)",
+    )
     args = ap.parse_args(argv)
 
     shapes = select(args.shapes)
@@ -546,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
         noise_cores=args.noise_cores,
         max_retries=0 if args.quick else args.max_retries,
         budget_s=args.budget_s,
+        dtype=args.dtype,
     )
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     resdir = HERE / "results"
@@ -556,17 +616,19 @@ def main(argv: list[str] | None = None) -> int:
     json_path.parent.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
-    tw = TrainWorker("torch", logdir / "torch.log", args.threads)
-    lw = TrainWorker("lstmgrad", logdir / "lstmgrad.log", args.threads)
+    probe = probe_machine(cfg.dtype)  # before the workers start: nothing else running
+    tw = TrainWorker("torch", logdir / "torch.log", args.threads, cfg.dtype)
+    lw = TrainWorker("lstmgrad", logdir / "lstmgrad.log", args.threads, cfg.dtype)
     results: list[dict] = []
     try:
         tinfo, linfo = tw.call("info"), lw.call("info")
         if tinfo["lstmgrad_imported"]:
             raise SystemExit("the torch worker imported lstmgrad; aborting")
-        meta = machine(tinfo, linfo)
+        meta = machine(tinfo, linfo, probe)
+        peak = peaks(meta)
         for line in machine_lines(meta):
             print(line, flush=True)
-        gate_res, lines = gate(tw, lw)
+        gate_res, lines = gate(tw, lw, cfg.dtype)
         for line in lines:
             print(line, flush=True)
         if gate_res["failures"]:
@@ -596,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         t_timing = time.perf_counter()
         for k, sh in enumerate(shapes):
             left = max(0.0, cfg.budget_s - (time.perf_counter() - t_timing))
-            res = measure_shape(sh, cfg, left / (len(shapes) - k), logdir, args.threads)
+            res = measure_shape(sh, cfg, left / (len(shapes) - k), logdir, args.threads, peak)
             results.append(res)
             s = res["summary"]
             extra = f", vs padded {s['padded_speedup']:.2f}x" if sh.varlen else ""
@@ -621,8 +683,13 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     print(
-        "Training step (float32; ms per step = median over rounds of each batch's median step; "
-        "speedup = median of per-round torch ms / lstmgrad ms)"
+        f"Training step ({cfg.dtype}; ms per step = median over rounds of each batch's median "
+        "step; speedup = median of per-round torch ms / lstmgrad ms)"
+    )
+    print(
+        "GFLOP/s: the LSTM's forward + backward GEMM FLOPs (effective rows) per step second, the "
+        "rest of the step uncounted; (%): of the measured float32 GEMM peak of torch.mm, "
+        f"{peak['torch']:.3g} GFLOP/s (both sides' GEMMs run on torch's)"
     )
     print(table(results))
     print()

@@ -6,7 +6,7 @@ arrays: lstmgrad then runs its GEMMs on torch's oneDNN / BLAS), imports torch an
 NumPy GEMM (no GEMM-only items; tracemalloc cannot see torch's memory: no memory figures).
 
 Started by benchmarks/run.py; speaks the JSON-lines protocol of _protocol.py. Timed items of
-the current shape (float32, the fast engine when ``impl`` exists):
+the current shape (the run's dtype, float32 by default; the fast engine when ``impl`` exists):
 
 - ``bwd``: lstm_backward with dy, dh, dc all given, from one forward (train=True) done in setup.
 - ``bwd_nodx``: the same with output_mask=(False, True, True, True).
@@ -306,11 +306,12 @@ def _gemm_items(sh: Shape) -> dict:
     }
 
 
-def setup(shape: dict) -> dict:
-    """Inputs of one shape (float32), one forward (train=True) for the backward items."""
+def setup(shape: dict, dtype: str = "float32") -> dict:
+    """Inputs of one shape in ``dtype``, one forward (train=True) for the backward items. The
+    GEMM-only items stay float32: the engine computes float16 in float32."""
     STATE.clear()
     sh = Shape.from_dict(shape)
-    c = make_case(sh, "float32")
+    c = make_case(sh, dtype)
     if INPUT == "tensors":  # converted once, outside the timed calls
         c = {k: _fast_in(v, "fused") for k, v in c.items()}
     fwd = _forward(sh, c, "fused")
@@ -379,7 +380,7 @@ def memory() -> dict | None:
     return out
 
 
-def first_call(shape: dict) -> dict:
+def first_call(shape: dict, dtype: str = "float32") -> dict:
     """In a fresh process: import time, then the first and second forward and backward."""
     t0 = time.perf_counter()
     already = "lstmgrad" in sys.modules
@@ -389,7 +390,7 @@ def first_call(shape: dict) -> dict:
         import torch  # noqa: F401
     t_import = time.perf_counter() - t0
     sh = Shape.from_dict(shape)
-    c = make_case(sh, "float32")
+    c = make_case(sh, dtype)
     if INPUT == "tensors":
         c = {k: _fast_in(v, "fused") for k, v in c.items()}
     out: dict[str, Any] = {"import_s": t_import, "lstmgrad_was_imported": already}

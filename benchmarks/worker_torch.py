@@ -108,12 +108,12 @@ def _profile_path(fn) -> dict:
     return {"path": "oneDNN" if onednn else "native", "ops": key}
 
 
-def setup(shape: dict) -> dict:
-    """Build the float32 module and tensors of one shape and its timed items."""
+def setup(shape: dict, dtype: str = "float32") -> dict:
+    """Build the module and tensors of one shape in ``dtype`` and its timed items."""
     STATE.clear()
     sh = Shape.from_dict(shape)
-    c = make_case(sh, "float32")
-    lstm = _lstm(sh, c["params"], torch.float32)
+    c = make_case(sh, dtype)
+    lstm = _lstm(sh, c["params"], getattr(torch, dtype))
     weights = list(lstm._flat_weights)
     t, b = sh.T, sh.B
     x = torch.from_numpy(c["x"]).reshape(t, b, sh.I).clone()

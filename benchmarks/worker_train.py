@@ -2,11 +2,12 @@
 
     python benchmarks/worker_train.py --impl torch      # torch.nn.LSTM, never imports lstmgrad
     python benchmarks/worker_train.py --impl lstmgrad   # lstmgrad.nn.LSTM
-    (either with --threads N: torch.set_num_threads(N) at start)
+    (either with --threads N: torch.set_num_threads(N) at start, --dtype float16: the model,
+    its input and its training in float16)
 
 Started twice by benchmarks/train_step.py; speaks the JSON-lines protocol of _protocol.py. The
-model of one shape is ``Linear(I, I) -> LSTM(I, H, L, D) -> Linear(D*H, 64)``, float32,
-time-major, built under ``torch.manual_seed`` so both workers hold the same weights (the
+model of one shape is ``Linear(I, I) -> LSTM(I, H, L, D) -> Linear(D*H, 64)``, float32 (or
+float16), time-major, built under ``torch.manual_seed`` in float32 and then converted, so both workers hold the same weights (the
 lstmgrad LSTM is a subclass of torch.nn.LSTM whose constructor draws the same random numbers;
 ``setup`` and ``gate`` return a hash of the state_dict so the parent can check). One training
 step is ``zero_grad(set_to_none=True)``, forward, cross-entropy against fixed random targets
@@ -41,6 +42,7 @@ LR, MOMENTUM = 1e-3, 0.9
 IGNORE = -100  # cross_entropy's default ignore_index: masks the padding of the padded item
 
 IMPL = ""  # "torch" or "lstmgrad", set from the command line
+DTYPE = torch.float32  # of the model, its input and its training (--dtype)
 STATE: dict[str, Any] = {}
 
 
@@ -81,7 +83,7 @@ def _state_hash(model: torch.nn.Module) -> str:
 def _build(sh: Shape, seed: int) -> dict:
     """Model, optimizer, input and targets of one shape; the same for both workers."""
     torch.manual_seed(seed)
-    model = Model(sh, _lstm_class())
+    model = Model(sh, _lstm_class()).to(DTYPE)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(sh.T, sh.B, sh.I, generator=g)
@@ -89,6 +91,7 @@ def _build(sh: Shape, seed: int) -> dict:
     lengths = torch.from_numpy(sh.lengths())
     pad = torch.arange(sh.T)[:, None] >= lengths[None, :]  # [T, B], True at padding
     x[pad] = 0.0
+    x = x.to(DTYPE)
     return {
         "model": model,
         "opt": opt,
@@ -139,7 +142,11 @@ def _lstm_params(model: Model) -> list[np.ndarray]:
 
 def info() -> dict:
     _check_isolation()
-    out = {"impl": IMPL, **torch_info()}  # the torch build, as the backward benchmark reports it
+    out = {
+        "impl": IMPL,
+        "dtype": str(DTYPE).removeprefix("torch."),
+        **torch_info(),
+    }  # the torch build, as the backward benchmark reports it
     if IMPL == "lstmgrad":
         import numba
 
@@ -244,12 +251,14 @@ def profile(item: str, steps: int = 3) -> dict:
 
 
 def main() -> None:
-    global IMPL
+    global IMPL, DTYPE
     ap = argparse.ArgumentParser(description="training-step benchmark worker")
     ap.add_argument("--impl", choices=("torch", "lstmgrad"), required=True)
     ap.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--dtype", choices=("float32", "float16"), default="float32")
     args = ap.parse_args()
     IMPL = args.impl
+    DTYPE = getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
     _check_isolation()

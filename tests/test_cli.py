@@ -1,10 +1,13 @@
-"""``lstmgrad demo`` and ``lstmgrad --help`` as a user runs them."""
+"""``lstmgrad demo``, ``lstmgrad bench`` and ``lstmgrad --help`` as a user runs them."""
 
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
+
+import pytest
 
 import lstmgrad.demo
 from lstmgrad.cli import main
@@ -36,3 +39,37 @@ def test_demo_exits_non_zero_when_a_check_fails(monkeypatch):
     assert lstmgrad.demo.run_demo(use_torch=False, out=buf) is False
     assert "FAIL" in buf.getvalue()
     assert main(["demo", "--no-torch"]) == 1
+
+
+def test_bench_runs_a_tiny_shape_and_writes_json(tmp_path, capsys):
+    pytest.importorskip("torch")
+    path = tmp_path / "bench.json"
+    assert main(["bench", "--shape", "3,2,4,5,1,1", "--rounds", "1", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "peak" in out and "Backward alone" in out and "Forward + backward" in out
+    doc = json.loads(path.read_text())
+    assert set(doc) == {"machine", "config", "results"}
+    assert doc["config"] == {"dtype": "float32", "rounds": 1, "input": "tensors", "batch_s": 0.05}
+    for key in ("cpu", "cpu_count", "affinity", "torch_threads", "numba_threads", "peak_gflops"):
+        assert key in doc["machine"]
+    assert all(v > 0 for v in doc["machine"]["peak_gflops"].values())
+    (res,) = doc["results"]
+    assert res["dims"] == {"T": 3, "B": 2, "I": 4, "H": 5, "L": 1, "D": 1}
+    assert res["torch_path"] in ("oneDNN", "native") and res["other_cores"] >= 0
+    for item in ("bwd", "fwdbwd"):
+        r = res[item]
+        assert r["flops"] > 0 and r["ratio"] > 0
+        for side in ("torch", "lstmgrad"):
+            assert r[f"{side}_ms"] > 0 and r[f"{side}_gflops"] > 0 and r[f"{side}_peak_frac"] > 0
+
+
+def test_bench_without_torch_says_so(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` raise ImportError
+    assert main(["bench", "--shape", "3,2,4,5,1,1", "--rounds", "1"]) == 2
+    assert "lstmgrad bench needs PyTorch: pip install torch" in capsys.readouterr().err
+
+
+def test_bench_rejects_a_bad_shape(capsys):
+    assert main(["bench", "--shape", "3,2,4"]) == 2
+    assert main(["bench", "--shapes", "nope"]) == 2
+    assert "bad shape" in capsys.readouterr().err

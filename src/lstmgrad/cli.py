@@ -1,10 +1,13 @@
-"""Command line: ``lstmgrad demo | tune``. Parses and prints; the work lives in :mod:`lstmgrad.demo`
-and :mod:`lstmgrad.tune`."""
+"""Command line: ``lstmgrad demo | bench | tune``. Parses and prints; the work lives in
+:mod:`lstmgrad.demo`, :mod:`lstmgrad.bench` and :mod:`lstmgrad.tune`."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+from typing import Any
 
 from . import __version__
 
@@ -46,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--dtype", choices=("float32", "float64", "float16"), default="float32")
     tune.add_argument("--show", action="store_true", help="print what is stored (JSON)")
     tune.add_argument("--reset", action="store_true", help="forget the stored measurements")
+    _add_bench(sub)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -57,12 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if ok else 1
     if args.command == "tune":
         return _tune(args)
+    if args.command == "bench":
+        return _bench(args)
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 
 def _tune(args: argparse.Namespace) -> int:
-    import json
-
     from . import plan, tune
 
     kind = "torch" if args.input == "tensors" else "numpy"
@@ -91,6 +95,144 @@ def _tune(args: argparse.Namespace) -> int:
     if args.show or not (shapes or args.reset):
         print(json.dumps(plan.show(), indent=1, default=str))
     return 0
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from .bench import DEFAULT_SHAPES, SHAPES
+
+    known = ", ".join(f"{k} (T,B,I,H,L,D = {','.join(map(str, v))})" for k, v in SHAPES.items())
+    p = sub.add_parser(
+        "bench",
+        help="time lstmgrad against torch.nn.LSTM on this machine (backward alone and forward + "
+        "backward, both in this process, interleaved); needs PyTorch",
+        description="Quick side-by-side benchmark of lstmgrad and torch.nn.LSTM on this "
+        f"machine. Shapes: {known}.",
+    )
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--shapes",
+        default=",".join(DEFAULT_SHAPES),
+        help=f"comma-separated shape names (default {','.join(DEFAULT_SHAPES)})",
+    )
+    group.add_argument("--shape", metavar="T,B,I,H,L,D", help="one shape given by its sizes")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds (default 5)")
+    p.add_argument(
+        "--input",
+        choices=("tensors", "numpy"),
+        default="tensors",
+        help="what lstmgrad is given: torch tensors (its GEMMs on torch's, default) or NumPy "
+        "arrays (its GEMMs on NumPy's BLAS); the torch side always gets tensors",
+    )
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+
+
+def _parse_shape(text: str) -> tuple[int, int, int, int, int, int]:
+    """``"T,B,I,H,L,D"`` as six positive integers, D 1 or 2 (ValueError otherwise)."""
+    v = tuple(int(s) for s in text.split(","))
+    if len(v) != 6 or min(v) < 1 or v[5] not in (1, 2):
+        raise ValueError(f"expected T,B,I,H,L,D (positive integers, D 1 or 2), got {text!r}")
+    return v  # type: ignore[return-value]
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    if args.rounds < 1:
+        print("lstmgrad bench: --rounds must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        if args.shape:
+            shapes = {"custom": _parse_shape(args.shape)}
+        else:
+            shapes = {n.strip(): bench.SHAPES[n.strip()] for n in args.shapes.split(",")}
+    except (KeyError, ValueError) as exc:
+        print(
+            f"lstmgrad bench: bad shape: {exc}; known: {', '.join(bench.SHAPES)}", file=sys.stderr
+        )
+        return 2
+
+    def progress(doc: dict[str, Any]) -> None:
+        if not doc["results"]:
+            print("\n".join(_bench_header(doc)), flush=True)
+            return
+        r = doc["results"][-1]
+        print(f"  {r['shape']}: backward {r['bwd']['ratio']:.2f}x, forward + backward "
+              f"{r['fwdbwd']['ratio']:.2f}x (other processes used {r['other_cores']} cores)",
+              flush=True)  # fmt: skip
+
+    try:
+        doc = bench.run(shapes, args.dtype, args.rounds, args.input, progress)
+    except bench.TorchMissing as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(_bench_tables(doc))
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+        print(f"json {args.json}")
+    return 0
+
+
+_MM = {"torch": "torch.mm", "numpy": "numpy.matmul"}  # what measured each library's peak
+
+
+def _ms(v: float) -> str:
+    return f"{v:.3f}" if v < 1 else f"{v:.2f}" if v < 100 else f"{v:.1f}"
+
+
+def _bench_header(doc: dict[str, Any]) -> list[str]:
+    """The machine lines of a ``lstmgrad bench`` record."""
+    m, c = doc["machine"], doc["config"]
+    pools = m["threadpools"]
+    if isinstance(pools, list):
+        keys = ("internal_api", "version", "architecture", "num_threads")
+        pools = ", ".join(" ".join(str(p[k]) for k in keys if p[k]) + " threads" for p in pools)
+    quota = m["cgroup_cpu_quota"]
+    env = ", ".join(f"{k}={v}" for k, v in m["env"].items() if v is not None) or "none set"
+    peak = ", ".join(
+        f"{_MM[k.split('_')[0]]} {k.split('_')[1]} {v:.3g}" for k, v in m["peak_gflops"].items()
+    )
+    return [
+        f"cpu      {m['cpu']}; {m['affinity']} logical CPUs usable (os.cpu_count {m['cpu_count']})"
+        f", cgroup quota {f'{quota:g} CPUs' if quota else 'none'}",
+        f"threads  torch {m['torch']} {m['torch_threads']}, Numba {m['numba']} "
+        f"{m['numba_threads']}; BLAS/OpenMP: {pools}; env: {env}",
+        f"peak     GEMM GFLOP/s, {m['peak_note']}: {peak}",
+        f"run      {c['dtype']}, lstmgrad given {c['input']}, {c['rounds']} rounds",
+    ]
+
+
+def _bench_tables(doc: dict[str, Any]) -> str:
+    """The tables: per item, both sides' ms, the speedup and GFLOP/s (% of peak)."""
+    from . import bench
+
+    c, pk = doc["config"], doc["machine"]["peak_gflops"]
+    lg_lib = bench.gemm_library(c["input"])
+    t_peak, lg_peak = pk["torch_float32"], pk[f"{lg_lib}_float32"]
+    out = [
+        "",
+        "GFLOP/s: GEMM FLOPs per second; (%): of the measured float32 GEMM peak of the side's "
+        f"library, torch.mm {t_peak:.3g} for torch, {_MM[lg_lib]} {lg_peak:.3g} for lstmgrad",
+    ]
+    for item, title in (("bwd", "Backward alone"), ("fwdbwd", "Forward + backward")):
+        head = ["shape", "T B I H L D", "torch path", "torch ms", "lstmgrad ms", "speedup"]
+        head += ["torch GFLOP/s", "lstmgrad GFLOP/s", "other cores"]
+        rows = [head]
+        for res in doc["results"]:
+            r = res[item]
+            rows.append([
+                res["shape"], " ".join(str(v) for v in res["dims"].values()), res["torch_path"],
+                _ms(r["torch_ms"]), _ms(r["lstmgrad_ms"]),
+                f"{r['ratio']:.2f}x [{r['ratio_min']:.2f}-{r['ratio_max']:.2f}]",
+                *(f"{r[f'{s}_gflops']:.3g} ({100 * r[f'{s}_peak_frac']:.0f}%)"
+                  for s in ("torch", "lstmgrad")),
+                f"{res['other_cores']:.2f}",
+            ])  # fmt: skip
+        w = [max(len(row[k]) for row in rows) for k in range(len(head))]
+        out += ["", f"{title} (speedup = median of per-round torch ms / lstmgrad ms; other "
+                "cores = other processes' CPU use during the shape's rounds)"]  # fmt: skip
+        out += ["  ".join(v.ljust(w[k]) for k, v in enumerate(row)).rstrip() for row in rows]
+    return "\n".join(out[1:])
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,268 @@
+"""``lstmgrad bench``: lstmgrad against torch.nn.LSTM on this machine, without the repository.
+
+Both sides run in this process (the repository's benchmarks/ give each its own). Per shape: a
+warm-up (Numba compiles or loads its kernels on the first call), then ``rounds`` rounds timing
+the backward alone (lstmgrad: ``lstm_backward`` from one ``lstm_forward``'s saved activations;
+torch: ``torch.autograd.backward`` of (y, h_n, c_n) after an untimed forward) and forward +
+backward, as batches interleaved torch, lstmgrad / lstmgrad, torch, each followed by a pause so
+that the idle library's threads go to sleep. Reported: medians over rounds, the median of the
+per-round ratios torch ms / lstmgrad ms, and GEMM GFLOP/s against a peak measured here.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Dims = tuple[int, int, int, int, int, int]  # T, B, I, H, L, D
+SHAPES: dict[str, Dims] = {
+    "med-3": (100, 32, 256, 256, 1, 1),
+    "small-2": (200, 8, 128, 128, 1, 2),
+    "large-1": (50, 16, 1024, 1024, 1, 1),
+}
+DEFAULT_SHAPES = ("med-3", "small-2", "large-1")
+PEAK_GEMMS = ((2048, 1024, 1024), (3200, 1024, 1024))  # [M, K] x [K, N], float32
+PEAK_BUDGET_S = 0.5  # per library
+BATCH_S = 0.05  # aimed seconds of one batch: its reps are chosen from the warm-up
+PAUSE_S = 0.1  # after each batch
+ENV_KEYS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+TORCH_MISSING = "lstmgrad bench needs PyTorch: pip install torch"
+
+
+class TorchMissing(RuntimeError):
+    """PyTorch is not installed: the benchmark has nothing to compare with."""
+
+
+def flops(dims: Dims, part: str) -> int:
+    """GEMM FLOPs of the "backward" (16*T*B*H*(H + I_l) per layer and direction) or the
+    "forward" (8*T*B*H*(H + I_l)); I_l = I for layer 0, D*H above."""
+    t, b, i, h, n_layers, d = dims
+    per = 16 if part == "backward" else 8
+    return sum(d * per * t * b * h * (h + (i if k == 0 else d * h)) for k in range(n_layers))
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "?"
+
+
+def _cpu_quota() -> float | None:
+    """CPUs granted by the cgroup's CFS quota (v2 or v1), None when unlimited or unreadable."""
+    for quota, period in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
+        try:
+            fields = Path(f"/sys/fs/cgroup/{quota}").read_text().split()
+            fields += Path(f"/sys/fs/cgroup/{period}").read_text().split() if period else []
+            return None if fields[0] in ("max", "-1") else int(fields[0]) / int(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+def gemm_peak(torch: Any, lib: str) -> float:
+    """float32 GFLOP/s, the best PEAK_GEMMS product's median, with ``lib`` ("torch": torch.mm,
+    "numpy": numpy.matmul) into a preallocated output, after a warm-up."""
+    best = 0.0
+    for m, k, n in PEAK_GEMMS:
+        a, b, c = (np.ones(s, np.float32) for s in ((m, k), (k, n), (m, n)))
+        if lib == "torch":
+            a, b, c = (torch.from_numpy(v) for v in (a, b, c))
+
+        def mm(a: Any = a, b: Any = b, c: Any = c) -> None:
+            (torch.mm if lib == "torch" else np.matmul)(a, b, out=c)
+
+        mm()
+        end, ts = time.perf_counter() + PEAK_BUDGET_S / len(PEAK_GEMMS), list[float]()
+        while not ts or (len(ts) < 10 and time.perf_counter() < end):
+            t0 = time.perf_counter()
+            mm()
+            ts.append(time.perf_counter() - t0)
+        best = max(best, 2 * m * k * n / statistics.median(ts) / 1e9)
+        time.sleep(PAUSE_S)
+    return best
+
+
+def machine(torch: Any) -> dict[str, Any]:
+    """CPU, cores, threads, BLAS / OpenMP libraries and the GEMM peaks measured in-process."""
+    import numba
+
+    try:
+        from threadpoolctl import threadpool_info
+
+        keys = ("internal_api", "version", "architecture", "num_threads", "filepath")
+        pools: Any = [{k: p.get(k) for k in keys} for p in threadpool_info()]
+    except ImportError:
+        pools = "threadpoolctl not installed"
+    peak = {f"{lib}_float32": gemm_peak(torch, lib) for lib in ("torch", "numpy")}
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return {
+        "cpu": _cpu_model(), "cpu_count": os.cpu_count(), "affinity": affinity,
+        "cgroup_cpu_quota": _cpu_quota(), "python": platform.python_version(),
+        "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "numpy": np.__version__, "numba": numba.__version__,
+        "numba_threads": numba.get_num_threads(), "threadpools": pools,
+        "env": {k: os.environ.get(k) for k in ENV_KEYS}, "peak_gflops": peak,
+        "peak_note": "median of each product, measured in this process",
+    }  # fmt: skip
+
+
+def _time(timed: Callable[[Any], Any], untimed: Callable[[], Any], n: int) -> float:
+    """Median seconds of ``n`` reps of ``timed(untimed())``, the untimed part outside."""
+    ts = []
+    for _ in range(n):
+        state = untimed()
+        t0 = time.perf_counter()
+        timed(state)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _items(torch: Any, lstmgrad: Any, dims: Dims, dtype: str, inp: str) -> tuple[dict, str]:
+    """{(side, item): (timed, untimed)} of one shape, and torch's path ("oneDNN"/"native")."""
+    t, b, i, h, n_layers, d = dims
+    kw = {"num_layers": n_layers, "bidirectional": d == 2}
+    tdt = getattr(torch, dtype)
+    lstm = torch.nn.LSTM(i, h, **kw, dtype=tdt)
+    rng, state = np.random.default_rng(0), (n_layers * d, b, h)
+    sizes = {"x": (t, b, i), "dy": (t, b, d * h), "h0": state, "c0": state, "dh": state}
+    arr = {k: rng.standard_normal(v).astype(dtype) for k, v in (sizes | {"dc": state}).items()}
+    params = [w.detach().numpy().copy() for w in lstm._flat_weights]
+    tt = {k: torch.from_numpy(v.copy()) for k, v in arr.items()}
+    for k in ("x", "h0", "c0"):
+        tt[k].requires_grad_(True)
+    leaves = [tt["x"], tt["h0"], tt["c0"], *lstm._flat_weights]
+
+    def clear() -> None:
+        for p in leaves:
+            p.grad = None
+
+    def t_fwd() -> tuple:
+        y, (hn, cn) = lstm(tt["x"], (tt["h0"], tt["c0"]))
+        return y, hn, cn
+
+    def t_fresh() -> tuple:
+        clear()
+        return t_fwd()
+
+    def t_bwd(out: tuple) -> None:
+        torch.autograd.backward(list(out), [tt["dy"], tt["dh"], tt["dc"]])
+
+    if inp == "tensors":  # over the same memory: lstmgrad's GEMMs then run on torch's
+        lg = {k: torch.from_numpy(v) for k, v in arr.items()}
+        lp = [torch.from_numpy(p) for p in params]
+    else:
+        lg, lp = arr, params
+
+    def l_fwd() -> Any:
+        return lstmgrad.lstm_forward(lg["x"], lp, [lg["h0"], lg["c0"]], train=True, **kw)
+
+    def l_bwd(saved: Any) -> None:
+        hx = [lg["h0"], lg["c0"]]
+        lstmgrad.lstm_backward(lg["x"], hx, lp, lg["dy"], lg["dh"], lg["dc"], *saved[:7], **kw)
+
+    saved = l_fwd().saved
+    return {
+        ("torch", "bwd"): (t_bwd, t_fresh),
+        ("lstmgrad", "bwd"): (l_bwd, lambda: saved),
+        ("torch", "fwdbwd"): (lambda _: t_bwd(t_fwd()), clear),
+        ("lstmgrad", "fwdbwd"): (lambda _: l_bwd(l_fwd().saved), lambda: None),
+    }, _torch_path(t_fwd()[0])
+
+
+def _torch_path(y: Any) -> str:
+    """Torch's path: "oneDNN" iff the autograd graph of ``y`` holds oneDNN's RNN node."""
+    seen, todo = set(), [y.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is not None and fn not in seen:
+            if "Mkldnn" in fn.name():
+                return "oneDNN"
+            seen.add(fn)
+            todo += [f for f, _ in fn.next_functions]
+    return "native"
+
+
+def _busy_s() -> float:
+    """Busy CPU seconds of all CPUs since boot (every /proc/stat field but idle and iowait)."""
+    try:
+        v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return 0.0
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def gemm_library(inp: str) -> str:
+    """The library of lstmgrad's GEMMs: NumPy's BLAS for arrays, torch's for tensors."""
+    return "numpy" if inp == "numpy" else "torch"
+
+
+def bench_shape(
+    torch: Any, name: str, dims: Dims, dtype: str, inp: str, rounds: int, peak: dict
+) -> dict[str, Any]:
+    """One shape: warm-up, ``rounds`` interleaved rounds, medians, ratios and GFLOP/s."""
+    import lstmgrad
+
+    items, path = _items(torch, lstmgrad, dims, dtype, inp)
+    reps = {}
+    for key, (timed, untimed) in items.items():  # the first call compiles: never timed
+        _time(timed, untimed, 1)
+        reps[key] = max(1, min(50, round(BATCH_S / max(_time(timed, untimed, 1), 1e-6))))
+        time.sleep(PAUSE_S)
+    ms: dict[tuple[str, str], list[float]] = {k: [] for k in items}
+    t0, busy0, own0 = time.perf_counter(), _busy_s(), sum(os.times()[:2])
+    for r in range(rounds):
+        for item in ("bwd", "fwdbwd"):
+            for side in ("torch", "lstmgrad")[:: 1 if r % 2 == 0 else -1]:
+                timed, untimed = items[side, item]
+                ms[side, item].append(1e3 * _time(timed, untimed, reps[side, item]))
+                time.sleep(PAUSE_S)
+    # other processes' CPU use during the rounds: a busy machine makes the figures a draw
+    other = _busy_s() - busy0 - (sum(os.times()[:2]) - own0)
+    # float32 also for float16: lstmgrad's compute dtype; torch's float16 GEMMs have no peak
+    # worth the name on CPUs without float16 arithmetic (their speed varies with the sizes)
+    peaks = {"torch": peak["torch_float32"], "lstmgrad": peak[f"{gemm_library(inp)}_float32"]}
+    out: dict[str, Any] = {"shape": name, "dims": dict(zip("TBIHLD", dims, strict=True))}
+    out.update(torch_path=path, peak_gflops=peaks)
+    out["other_cores"] = round(max(0.0, other) / (time.perf_counter() - t0), 2)
+    f_bwd, f_fwd = flops(dims, "backward"), flops(dims, "forward")
+    for item, f in (("bwd", f_bwd), ("fwdbwd", f_bwd + f_fwd)):
+        ratios = [a / b for a, b in zip(ms["torch", item], ms["lstmgrad", item], strict=True)]
+        res: dict[str, Any] = {"flops": f, "ratio": statistics.median(ratios)}
+        res.update(ratio_min=min(ratios), ratio_max=max(ratios), ratio_round=ratios)
+        for side in ("torch", "lstmgrad"):
+            med, gf = statistics.median(ms[side, item]), f / statistics.median(ms[side, item]) / 1e6
+            res |= {f"{side}_ms": med, f"{side}_ms_round": ms[side, item], f"{side}_gflops": gf}
+            res |= {f"{side}_peak_frac": gf / peaks[side], f"{side}_reps": reps[side, item]}
+        out[item] = res
+    return out
+
+
+def run(
+    shapes: dict[str, Dims], dtype: str = "float32", rounds: int = 5, inp: str = "tensors",
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The benchmark's record: ``machine``, ``config`` and ``results`` (one per shape).
+    ``progress`` gets the record once the machine is measured and after each shape. Raises
+    TorchMissing without PyTorch."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise TorchMissing(TORCH_MISSING) from exc
+    say = progress or (lambda _: None)
+    config = {"dtype": dtype, "rounds": rounds, "input": inp, "batch_s": BATCH_S}
+    doc: dict[str, Any] = {"machine": machine(torch), "config": config, "results": []}
+    say(doc)
+    for name, dims in shapes.items():
+        res = bench_shape(torch, name, dims, dtype, inp, rounds, doc["machine"]["peak_gflops"])
+        doc["results"].append(res)
+        say(doc)
+    return doc
