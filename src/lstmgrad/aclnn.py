@@ -5,8 +5,9 @@ every argument (the caller-allocated outputs included) and returns ``(status, wo
 executor)``. Phase 2, ``aclnnLstmBackward(workspace, workspace_size, executor, stream)`` /
 ``aclnnLSTM(...)``, runs the computation with ``workspace`` (a uint8 array of at least
 ``workspace_size`` bytes) as its scratch memory and writes the results in place into the
-caller's output arrays; it returns a status. These functions never raise: a bad argument is
-status 161001/161002, anything unexpected 561103, and the message of the last failure is
+caller's output arrays; it returns a status. These functions never raise an Exception: a bad
+argument is status 161001/161002, anything unexpected 561103 (a KeyboardInterrupt passes
+through; the interrupted executor counts as run), and the message of the last failure is
 available from :func:`aclGetRecentErrMsg`. That message is kept per thread, as in CANN: a thread
 reads the message of its own last failed call, never another thread's.
 
