@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -310,3 +312,55 @@ def test_status_constants():
     )  # fmt: skip
     assert lstmgrad.LstmNullArgumentError.code == 161001
     assert lstmgrad.LstmInvalidArgumentError.code == 161002
+
+
+def test_recent_error_message_is_per_thread():
+    """Threads interleave failing and succeeding mirror calls (a barrier between each call and
+    the read-back): each reads exactly its own last failure, and a success leaves it as it was."""
+    n_threads, iterations = 4, 60
+    c = _case(layers=1, bidirectional=False)
+    barrier = threading.Barrier(n_threads, timeout=60)
+    errors: list[str] = []
+
+    def work(tid: int) -> None:
+        mine = ""  # this thread's last failure message, as it must read it back
+        try:
+            for it in range(iterations):
+                barrier.wait()
+                kind = (it + tid) % 3
+                if kind == 0:  # success: phase 1 and 2, results into fresh outputs
+                    status, size, executor = _bwd_phase1(c, _outs(c))
+                    assert status == aclnn.ACLNN_SUCCESS
+                    ws = np.empty(size, np.uint8)
+                    assert aclnn.aclnnLstmBackward(ws, size, executor, None) == 0
+                elif kind == 1:  # phase 1 fails on an output shape unique to (thread, step)
+                    dx, dh, dc, dw = _outs(c)
+                    bad = np.zeros((tid + 1, it + 1, 7), np.float32)
+                    status = _bwd_phase1(c, (bad, dh, dc, dw))[0]
+                    assert status == aclnn.ACLNN_ERR_PARAM_INVALID
+                    mine = f"got [{tid + 1}, {it + 1}, 7]"  # the message's end
+                else:  # phase 2 fails on a workspace size unique to (thread, step)
+                    status, size, executor = _bwd_phase1(c, _outs(c))
+                    assert status == aclnn.ACLNN_SUCCESS
+                    bad_size = size - 1 - 1000 * tid - it
+                    ws = np.empty(size, np.uint8)
+                    status = aclnn.aclnnLstmBackward(ws, bad_size, executor, None)
+                    assert status == aclnn.ACLNN_ERR_PARAM_INVALID
+                    mine = f"got {bad_size}"  # the message's end
+                barrier.wait()  # every thread has made its call: now read back
+                got = aclnn.aclGetRecentErrMsg()
+                if mine == "":
+                    assert got == "", (tid, it, got)
+                else:
+                    assert got.endswith(mine), (tid, it, mine, got)
+        except Exception as exc:  # reported by the main thread
+            errors.append(f"thread {tid}: {exc!r}")
+            barrier.abort()
+
+    threads = [threading.Thread(target=work, args=(j,)) for j in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors[:3]

@@ -5,9 +5,11 @@ every argument (the caller-allocated outputs included) and returns ``(status, wo
 executor)``. Phase 2, ``aclnnLstmBackward(workspace, workspace_size, executor, stream)`` /
 ``aclnnLSTM(...)``, runs the computation with ``workspace`` (a uint8 array of at least
 ``workspace_size`` bytes) as its scratch memory and writes the results in place into the
-caller's output arrays; it returns a status. These functions never raise: a bad argument is
-status 161001/161002, anything unexpected 561103, and the message of the last failure is
-available from :func:`aclGetRecentErrMsg`.
+caller's output arrays; it returns a status. These functions never raise an Exception: a bad
+argument is status 161001/161002, anything unexpected 561103 (a KeyboardInterrupt passes
+through; the interrupted executor counts as run), and the message of the last failure is
+available from :func:`aclGetRecentErrMsg`. That message is kept per thread, as in CANN: a thread
+reads the message of its own last failed call, never another thread's.
 
 torch CPU tensors work wherever arrays do, outputs and workspace included (zero copy: results
 are written into the caller's tensors); with any tensor argument the GEMMs run on torch's BLAS.
@@ -19,6 +21,7 @@ runs once (a second run returns 161002).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,20 +65,22 @@ __all__ = [
     "AclOpExecutor",
 ]
 
-_recent_error = ""
+# per thread, as CANN's: with a module global, a thread could read another thread's failure
+_recent = threading.local()
 
 
 def aclGetRecentErrMsg() -> str:
-    """Message of the most recent failed call of this module ('' if none failed yet)."""
-    return _recent_error
+    """Message of the calling thread's most recent failed call of this module ('' if none of
+    its calls failed yet). A successful call leaves it unchanged; other threads never change it.
+    """
+    return getattr(_recent, "message", "")
 
 
 def _fail(exc: BaseException) -> int:
-    global _recent_error
     if isinstance(exc, LstmError):
-        _recent_error = str(exc)
+        _recent.message = str(exc)
         return exc.code
-    _recent_error = f"internal error: {exc!r}"
+    _recent.message = f"internal error: {exc!r}"
     return ACLNN_ERR_INNER
 
 

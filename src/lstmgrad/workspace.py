@@ -9,6 +9,7 @@ same code. ``block`` allocates a call's results in one recycled block.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -47,9 +48,24 @@ def workspace_bytes(slots: Sequence[Slot]) -> int:
 # caller holds of it is collected (a weakref finalizer on the block's base array), so a
 # training loop gets already-mapped memory instead of faulting in fresh pages every call.
 _POOL_MAX_BYTES = 1 << 30
-_pool_lock = threading.Lock()
+# Reentrant: the cyclic GC may run a result's finalizer (_recycle) in a thread that already
+# holds the lock, inside _recycle or _result_memory; a plain Lock would deadlock that thread.
+_pool_lock = threading.RLock()
 _pool: dict[int, list[np.ndarray]] = {}
 _pool_bytes = 0
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with a new lock and an empty pool: another thread of the parent
+    may have held the lock at the fork, and that thread does not exist in the child."""
+    global _pool_lock, _pool, _pool_bytes
+    _pool_lock = threading.RLock()
+    _pool = {}
+    _pool_bytes = 0
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _recycle(mem: np.ndarray) -> None:
