@@ -141,11 +141,16 @@ def bucket(n: int) -> int:
     return 1 << max(0, int(n - 1).bit_length())
 
 
+BIG_ROWS = 1024
+"""The most rows the big products are measured with: their time per row barely changes past a
+few hundred, and this bounds a measurement's time by the layer's width, not its length."""
+
+
 def big_class(dims: Dims, dtype: np.dtype, kind: str) -> dict[str, Any]:
-    """The shape class of the big products' measurements: rows of all steps (bucketed), the
-    input size, hidden size."""
+    """The shape class of the big products' measurements: rows of all steps (bucketed, at
+    most :data:`BIG_ROWS`), the input size, hidden size."""
     return {"what": "big", "kind": kind, "dtype": str(compute_dtype(dtype)),
-            "N": bucket(dims.T * dims.B), "I": dims.I, "H": dims.H}  # fmt: skip
+            "N": min(bucket(dims.T * dims.B), BIG_ROWS), "I": dims.I, "H": dims.H}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

@@ -33,33 +33,38 @@ calibrating: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "lstmgrad_calibrating", default=False
 )
 
-_STEPS = 12  # steps of the short passes that compare thread arrangements
+_STEPS = 12  # steps of the short passes that compare thread arrangements (at most)
+_PASS_SECONDS = 0.03  # about the recurrent products' time in one such pass
 
 
-def _timed(fn: Callable[[], Any], reps: int, limit: float = float("inf")) -> float:
-    """The least seconds of ``reps`` runs of fn after one warm-up run (inf where the warm-up
-    alone exceeds ``limit``): the least, not the median, as other processes' load only ever
-    adds time."""
-    t0 = time.perf_counter()
-    fn()
-    first = time.perf_counter() - t0
-    if first > limit:
-        return float("inf")
-    times = []
-    for _ in range(reps):
+def _timed(
+    fn: Callable[[], Any], reps: int, limit: float = float("inf"), warm: bool = True
+) -> float:
+    """The least seconds of up to ``reps`` runs of fn, after one untimed warm-up run unless
+    ``warm`` is False (first calls compile, load or create what later calls reuse); inf where
+    the first timed run exceeds ``limit``. The least, not the median: other processes' load
+    only ever adds time."""
+    if warm:
+        fn()
+    times: list[float] = []
+    for _ in range(max(1, reps)):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
+        if times[0] > limit:
+            return float("inf")
     return min(times)
 
 
 def _reps(seconds: float) -> int:
-    """Repetitions for a run of about ``seconds``: more for short ones (noisier)."""
+    """Repetitions for a run of about ``seconds``: more for short ones (noisier), one for a
+    run long enough to time alone (its warm-up skipped too: a first call's extra cost is small
+    beside it)."""
     if seconds < 2e-4:
         return 15
     if seconds < 5e-3:
         return 5
-    return 2 if seconds < 5e-2 else 1
+    return 2 if seconds < 2e-2 else 1
 
 
 def _rand(rng: np.random.Generator, shape: tuple[int, ...], cd: np.dtype) -> np.ndarray:
@@ -108,18 +113,20 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     products: dict[str, float] = {}
     for method in gemm.product_methods(cd):
         projection = functools.partial(gemm.product, x, w_ih.T, proj, method)
-        reps = _reps(_timed(projection, 1))
-        products[method] = _timed(projection, reps) + _timed(
-            functools.partial(gemm.product, dg, w_ih, dx, method), reps
-        )
+        first = _timed(projection, 1)
+        reps = _reps(first)
+        if reps > 1:
+            first = min(first, _timed(projection, reps - 1, warm=False))
+        dx_product = functools.partial(gemm.product, dg, w_ih, dx, method)
+        products[method] = first + _timed(dx_product, reps, warm=reps > 1)
     method = _best(products)
     seconds: dict[str, float] = {}
     best = float("inf")
+    reps = _reps(products[method])
     for layout in WEIGHT_GRAD_LAYOUTS:
-        seconds[f"{method}/{layout}"] = _timed(
-            weight_grad(layout, method), _reps(products[method]), limit=3 * best
-        )
-        best = min(best, seconds[f"{method}/{layout}"])
+        key = f"{method}/{layout}"
+        seconds[key] = _timed(weight_grad(layout, method), reps, limit=3 * best, warm=reps > 1)
+        best = min(best, seconds[key])
     choice = _best(seconds)
     method, layout = choice.split("/")
     return {
@@ -146,9 +153,9 @@ def _recurrent_times(gemm: Any, b_mat: np.ndarray, rows: int, cd: np.dtype) -> d
         product = gemm.fixed(b_mat, method, rows)
         prep = time.perf_counter() - t0
         run = functools.partial(product, a, out)
-        call = _timed(run, 3, limit=3 * best)
+        call = _timed(run, 2, limit=3 * best)
         if call < float("inf"):
-            call = _timed(run, _reps(call) * 4)
+            call = min(call, _timed(run, _reps(call), warm=False))
         times[method] = [prep, call]
         best = min(best, call)
     return times
@@ -230,7 +237,7 @@ def _pass_time(dims_args: dict[str, Any], kind: str, fields: dict[str, Any], lim
             first = _timed(run, 1, limit)
             if first == float("inf"):
                 return first
-            return _timed(run, max(2, _reps(first)))
+            return min(first, _timed(run, max(2, _reps(first)), warm=False))
     finally:
         calibrating.reset(token)
 
@@ -264,7 +271,11 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
                                    "split_min": split_min}  # fmt: skip
     seconds: dict[str, float] = {}
     if len(candidates) > 1:
-        shape = {"T": _STEPS, "B": b, "I": h, "H": h, "D": d, "dtype": str(cd)}
+        # the step loops are what the candidates change: a small input keeps the big products
+        # out of the way, and a short run bounds the time of slow steps
+        step = rec["fwd"][fields["fwd_rec"]][1] + rec["bwd"][fields["bwd_rec"]][1]
+        steps = max(3, min(_STEPS, int(_PASS_SECONDS / max(step, 1e-9))))
+        shape = {"T": steps, "B": b, "I": min(h, 16), "H": h, "D": d, "dtype": str(cd)}
         best = float("inf")
         for name, forced_fields in candidates.items():
             seconds[name] = _pass_time(shape, cls["kind"], forced_fields, 3 * best)
