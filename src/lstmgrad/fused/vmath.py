@@ -14,19 +14,26 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from llvmlite import ir as llvmlite_ir
 from numba import types
 from numba.core.extending import intrinsic, overload
 
 
 @intrinsic
-def _int32_bits_as_float32(typingctx, x):  # pragma: no cover - compiled
-    if x != types.int32:
+def _pow2_float32(typingctx, n):  # pragma: no cover - compiled
+    """2**n as float32 for a float32 n holding an integer in [-126, 127], in 32-bit integer
+    operations (Numba's own integer arithmetic widens to int64, which AVX2 cannot convert
+    to or from packed floats: the loop would not vectorise)."""
+    if n != types.float32:
         return None
 
     def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float32))
+        i32 = llvmlite_ir.IntType(32)
+        k = builder.fptosi(args[0], i32)
+        bits = builder.shl(builder.add(k, i32(127)), i32(23))
+        return builder.bitcast(bits, context.get_value_type(types.float32))
 
-    return types.float32(types.int32), codegen
+    return types.float32(types.float32), codegen
 
 
 def vexp(x):  # pragma: no cover - replaced by the overload inside Numba
@@ -62,8 +69,11 @@ def _vexp(x):  # pragma: no cover - compiled
 
         def impl(x):
             x = min(max(x, np.float32(-87.33654)), np.float32(88.3762626647949))
-            n_i = np.int32(math.floor(x * np.float32(1.44269504088896341) + np.float32(0.5)))
-            n = np.float32(n_i)
+            # floor by truncation and a correction, in float32 (math.floor's int64 result,
+            # like np.floor on a scalar, keeps the loop from vectorising without AVX-512)
+            t = x * np.float32(1.44269504088896341) + np.float32(0.5)
+            n = np.float32(np.int32(t))
+            n = n - np.float32(1.0) if n > t else n
             r = x - n * np.float32(0.693359375) + n * np.float32(2.12194440e-4)
             p = np.float32(1.9875691500e-4)
             p = p * r + np.float32(1.3981999507e-3)
@@ -72,7 +82,7 @@ def _vexp(x):  # pragma: no cover - compiled
             p = p * r + np.float32(1.6666665459e-1)
             p = p * r + np.float32(5.0000001201e-1)
             y = p * r * r + r + np.float32(1.0)
-            return y * _int32_bits_as_float32(np.int32((n_i + 127) << 23))
+            return y * _pow2_float32(n)
 
         return impl
     return lambda x: math.exp(x)
