@@ -459,6 +459,8 @@ def test_bidirectional_pair_walks(monkeypatch, two_threads, dtype, rtol, case):
 
 
 def _pair_output(queue=None):
+    if queue is not None:  # a forked child: one torch thread, as DataLoader workers take
+        torch.set_num_threads(1)
     x, hx, params, dy, kw = make(np.float32, num_layers=1, t=5, b=3, i=4, h=6)
     with forced(pair_walks=True, threads=2):
         fw = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), **kw)
@@ -471,8 +473,9 @@ def _pair_output(queue=None):
 
 
 def test_pair_walks_off_in_a_forked_child(monkeypatch, two_threads):
-    """GNU OpenMP is not fork-safe: a process forked after the pair walks ran walks one
-    direction at a time (and is not stopped by Numba), with the parent's results."""
+    """GNU OpenMP is not fork-safe: a process forked after the pair walks ran reports them
+    unavailable (Numba would wait for the parent's threads) and gets the parent's results.
+    The child takes one torch thread: torch's own OpenMP team has the same limit."""
     import multiprocessing
 
     from lstmgrad.fused import walks
@@ -482,10 +485,14 @@ def test_pair_walks_off_in_a_forked_child(monkeypatch, two_threads):
     assert taken == ["forward_walk_pair"]
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    child = ctx.Process(target=_pair_output, args=(queue,))
+    child = ctx.Process(target=_pair_output, args=(queue,), daemon=True)
     child.start()
-    pairs_in_child, got = queue.get(timeout=120)
-    child.join(120)
+    try:
+        pairs_in_child, got = queue.get(timeout=120)
+        child.join(120)
+    finally:
+        if child.is_alive():  # never leave a hung child for the interpreter's exit to wait on
+            child.kill()
     assert child.exitcode == 0 and pairs_in_child is False
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 

@@ -75,22 +75,44 @@ _forced: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
 )
 
 
+BIG_METHODS = ("blas", "onednn")
+RECURRENT_METHODS = ("blas", "blas_t", "loop", "onednn", "packed")
+_CHOICES = {"big": BIG_METHODS, "weight_grad": WEIGHT_GRAD_LAYOUTS, "fwd_rec": RECURRENT_METHODS,
+            "bwd_rec": RECURRENT_METHODS}  # fmt: skip
+
+
+def _checked(where: str, name: str, value: Any) -> Any:
+    """A forced field's value, converted from text where given as text; ValueError naming the
+    field, what it takes and what was given otherwise."""
+    if name not in _FIELDS:
+        raise ValueError(f"{where}: unknown plan field {name!r}, expected one of {sorted(_FIELDS)}")
+    if name in _CHOICES:
+        if value not in _CHOICES[name]:
+            raise ValueError(f"{where}: {name} must be one of {_CHOICES[name]}, got {value!r}")
+        return value
+    if name == "pair_walks":
+        if isinstance(value, str):
+            if value.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ValueError(f"{where}: pair_walks must be true or false, got {value!r}")
+            return value.lower() in ("1", "true", "yes", "on")
+        return bool(value)
+    least = 1 if name == "threads" else 0
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < least or isinstance(value, (bool, float)):
+        raise ValueError(f"{where}: {name} must be an integer >= {least}, got {value!r}")
+    return number
+
+
 def _parse_overrides(text: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         name, sep, value = item.partition("=")
-        name, value = name.strip(), value.strip()
-        if not sep or name not in _FIELDS:
-            raise ValueError(
-                f"LSTMGRAD_PLAN: expected comma-separated field=value with fields "
-                f"{sorted(_FIELDS)}, got {item!r}"
-            )
-        if name in ("threads", "split_min"):
-            out[name] = int(value)
-        elif name == "pair_walks":
-            out[name] = value.lower() in ("1", "true", "yes", "on")
-        else:
-            out[name] = value
+        if not sep:
+            raise ValueError(f"LSTMGRAD_PLAN: expected comma-separated field=value, got {item!r}")
+        out[name.strip()] = _checked("LSTMGRAD_PLAN", name.strip(), value.strip())
     return out
 
 
@@ -103,12 +125,8 @@ def overrides() -> dict[str, Any]:
 def forced(**fields: Any) -> Iterator[None]:
     """Force plan fields within a block (this thread / context), e.g. ``forced(threads=1)``;
     a field the back end cannot run falls back as in :func:`plan_for`."""
-    for name in fields:
-        if name not in _FIELDS:
-            raise ValueError(
-                f"forced: unknown plan field {name!r}, expected one of {sorted(_FIELDS)}"
-            )
-    token = _forced.set({**(_forced.get() or {}), **fields})
+    checked = {name: _checked("forced", name, value) for name, value in fields.items()}
+    token = _forced.set({**(_forced.get() or {}), **checked})
     try:
         yield
     finally:

@@ -1,0 +1,301 @@
+"""Execution plans: forced fields and their errors, the tuning modes, the store of measurements
+(round trip, clear, other machines' files, busy machines), a calibration on a small shape, the
+plans' fallbacks, the NumPy back end's results under every plan field, ``lstmgrad tune``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+
+import numpy as np
+import pytest
+
+import lstmgrad
+from lstmgrad import plan, tune
+from lstmgrad.gemm import NUMPY_GEMM
+from lstmgrad.layout import Dims
+from lstmgrad.plan import SAFE, Plan, forced
+
+TINY = Dims(T=4, B=2, I=3, H=5, L=1, D=1, has_bias=True)
+TINY_BI = dataclasses.replace(TINY, D=2)
+
+
+@pytest.fixture
+def store(monkeypatch, tmp_path):
+    """Measurements on, in an empty directory of their own; this process's memory cleared."""
+    monkeypatch.setenv("LSTMGRAD_TUNE", "on")
+    monkeypatch.setenv("LSTMGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(plan, "machine_busy", lambda: False)
+    plan.forget()
+    yield tmp_path
+    plan.forget()
+
+
+def _no_measuring(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("measured although the plan should come from the store")
+
+    monkeypatch.setattr(tune, "measure_big", refuse)
+    monkeypatch.setattr(tune, "measure_steps", refuse)
+
+
+# --------------------------------------------------------------------------------------------
+# forced fields
+
+
+def test_plan_environment_variable_parsed(monkeypatch):
+    monkeypatch.setenv("LSTMGRAD_PLAN", " threads=3, fwd_rec=loop ,pair_walks=off,split_min=0")
+    assert plan.overrides() == {"threads": 3, "fwd_rec": "loop", "pair_walks": False,
+                                "split_min": 0}  # fmt: skip
+    with forced(threads=1, big="onednn"):  # forced() wins over the environment
+        assert plan.overrides()["threads"] == 1 and plan.overrides()["big"] == "onednn"
+    assert plan.overrides()["threads"] == 3
+
+
+@pytest.mark.parametrize(
+    "text, names",
+    [
+        ("threads", "field=value"),
+        ("thread=2", "'thread'"),
+        ("threads=0", "threads must be an integer >= 1, got '0'"),
+        ("threads=two", "threads"),
+        ("split_min=-1", "split_min must be an integer >= 0"),
+        ("fwd_rec=mkl", "fwd_rec must be one of"),
+        ("big=loop", "big must be one of ('blas', 'onednn')"),
+        ("weight_grad=cols", "weight_grad must be one of ('rows', 'tn', 'nt')"),
+        ("pair_walks=maybe", "pair_walks must be true or false"),
+    ],
+)
+def test_bad_plan_environment_variable_named_in_the_error(monkeypatch, text, names):
+    monkeypatch.setenv("LSTMGRAD_PLAN", text)
+    with pytest.raises(ValueError, match="LSTMGRAD_PLAN") as info:
+        plan.overrides()
+    assert names in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "fields, names",
+    [
+        (dict(thread=2), "unknown plan field 'thread'"),
+        (dict(threads=0), "threads must be an integer >= 1"),
+        (dict(threads=1.5), "threads must be an integer"),
+        (dict(bwd_rec="fast"), "bwd_rec must be one of"),
+    ],
+)
+def test_bad_forced_fields_named_in_the_error(fields, names):
+    with pytest.raises(ValueError, match="forced") as info:
+        with forced(**fields):
+            pass
+    assert names in str(info.value)
+
+
+def test_forced_fields_nest_and_stay_in_their_thread():
+    seen = {}
+
+    def other():
+        seen["other"] = plan.overrides()
+
+    with forced(threads=1):
+        with forced(fwd_rec="loop"):
+            assert plan.overrides() == {"threads": 1, "fwd_rec": "loop"}
+            t = threading.Thread(target=other)
+            t.start()
+            t.join()
+        assert plan.overrides() == {"threads": 1}
+    assert plan.overrides() == {} and seen["other"] == {}
+
+
+@pytest.mark.parametrize(
+    "value, want",
+    [("on", "on"), ("", "on"), ("OFF", "off"), ("0", "off"), ("safe", "off"), ("cached", "cached")],
+)
+def test_tune_modes(monkeypatch, value, want):
+    monkeypatch.setenv("LSTMGRAD_TUNE", value)
+    assert plan.mode() == want
+
+
+# --------------------------------------------------------------------------------------------
+# feasible plans
+
+
+def test_feasible_replaces_what_the_call_cannot_run(monkeypatch):
+    from lstmgrad.fused import walks
+
+    monkeypatch.setattr(walks, "parallel_threads", lambda: 2)
+    wild = Plan(big="onednn", weight_grad="tn", fwd_rec="packed", bwd_rec="onednn", threads=8,
+                split_min=5, pair_walks=True)  # fmt: skip
+    got = plan.feasible(wild, TINY, np.float32, NUMPY_GEMM)
+    # NumPy has no oneDNN or packed weights; one direction has no pairs; at most 2 threads
+    assert got == Plan(big="blas", weight_grad="tn", fwd_rec="blas", bwd_rec="blas", threads=2,
+                       split_min=5, pair_walks=False)  # fmt: skip
+    assert plan.feasible(wild, TINY_BI, np.float32, NUMPY_GEMM).pair_walks
+    # float16 storage: its activations pass through one scratch, so no pairs
+    assert not plan.feasible(wild, TINY_BI, np.float16, NUMPY_GEMM).pair_walks
+    monkeypatch.setattr(walks, "parallel_threads", lambda: 1)
+    one = plan.feasible(wild, TINY_BI, np.float32, NUMPY_GEMM)
+    assert one.threads == 1 and not one.pair_walks
+
+
+def test_tune_off_runs_the_safe_plan(monkeypatch, tmp_path):
+    monkeypatch.setenv("LSTMGRAD_TUNE", "off")
+    monkeypatch.setenv("LSTMGRAD_CACHE_DIR", str(tmp_path))
+    _no_measuring(monkeypatch)
+    plan.forget()
+    assert plan.plan_for(TINY, np.dtype(np.float32), NUMPY_GEMM) == SAFE
+    with forced(fwd_rec="loop"):
+        assert plan.plan_for(TINY, np.dtype(np.float32), NUMPY_GEMM).fwd_rec == "loop"
+    assert not list(tmp_path.iterdir())
+
+
+# --------------------------------------------------------------------------------------------
+# measurements and their store
+
+
+def test_calibration_stored_and_reused(store, monkeypatch):
+    got = plan.plan_for(TINY_BI, np.dtype(np.float32), NUMPY_GEMM)
+    assert got == plan.feasible(got, TINY_BI, np.float32, NUMPY_GEMM)  # already runnable
+    files = list(store.glob("wisdom-*.json"))
+    assert len(files) == 1
+    data = json.loads(files[0].read_text())
+    assert data["facts"]["kind"] == "numpy"
+    classes = [json.loads(k) for k in data["entries"]]
+    assert sorted(c["what"] for c in classes) == ["big", "steps"]
+    steps = data["entries"][json.dumps(plan.step_class(TINY_BI, np.float32, "numpy"),
+                                       sort_keys=True)]  # fmt: skip
+    assert set(steps["recurrent"]["fwd"]) == set(NUMPY_GEMM.fixed_methods(np.float32))
+    # a later process (here: this one, its memory cleared) reads it without measuring
+    plan.forget()
+    _no_measuring(monkeypatch)
+    assert plan.plan_for(TINY_BI, np.dtype(np.float32), NUMPY_GEMM) == got
+    monkeypatch.setenv("LSTMGRAD_TUNE", "cached")
+    plan.forget()
+    assert plan.plan_for(TINY_BI, np.dtype(np.float32), NUMPY_GEMM) == got
+    # cached mode, an unseen class: the safe plan, nothing measured
+    unseen = dataclasses.replace(TINY_BI, H=7)
+    assert plan.plan_for(unseen, np.dtype(np.float32), NUMPY_GEMM) == SAFE
+
+
+def test_recurrent_method_follows_the_sequence_length():
+    times = {"blas": [0.0, 2e-6], "packed": [1e-3, 1e-6]}  # packing pays after 1000 steps
+    assert tune.choose_recurrent(times, 10) == "blas"
+    assert tune.choose_recurrent(times, 5000) == "packed"
+    entry = {"plan": {"threads": 1, "split_min": 0, "pair_walks": False},
+             "recurrent": {"fwd": times, "bwd": times}}  # fmt: skip
+    assert tune.step_fields(entry, 5000)["fwd_rec"] == "packed"
+    assert tune.step_fields(entry, 3)["bwd_rec"] == "blas"
+
+
+def test_measured_on_a_busy_machine_kept_for_this_process_only(store, monkeypatch):
+    monkeypatch.setattr(plan, "machine_busy", lambda: True)
+    got = plan.plan_for(TINY, np.dtype(np.float32), NUMPY_GEMM)
+    assert not list(store.glob("wisdom-*.json"))
+    _no_measuring(monkeypatch)  # but not measured again in this process
+    plan._memo.clear()  # the remembered plans, not the measurements
+    assert plan.plan_for(TINY, np.dtype(np.float32), NUMPY_GEMM) == got
+
+
+def test_store_round_trip_merge_and_clear(store):
+    facts = plan.fingerprint("numpy")
+    a, b = plan.Wisdom(facts), plan.Wisdom(facts)
+    a.put({"what": "x", "n": 1}, {"plan": {"threads": 1}})
+    b.put({"what": "x", "n": 2}, {"plan": {"threads": 2}})  # another process's entry kept
+    fresh = plan.Wisdom(facts)
+    assert fresh.get({"n": 1, "what": "x"}) == {"plan": {"threads": 1}}  # key order irrelevant
+    assert fresh.get({"what": "x", "n": 2}) == {"plan": {"threads": 2}}
+    a.put({"what": "x", "n": 3}, {"plan": {}}, keep=False)
+    assert plan.Wisdom(facts).get({"what": "x", "n": 3}) is None
+    fresh.clear()
+    assert not fresh.path.exists() and plan.Wisdom(facts).entries == {}
+
+
+def test_store_of_another_configuration_or_unreadable_is_ignored(store):
+    facts = plan.fingerprint("numpy")
+    w = plan.Wisdom(facts)
+    w.put({"what": "x"}, {"plan": {}})
+    data = json.loads(w.path.read_text())
+    data["facts"] = {**facts, "numpy": "0.0"}  # written by other library versions
+    w.path.write_text(json.dumps(data))
+    assert plan.Wisdom(facts).entries == {}
+    w.path.write_text("{not json")
+    assert plan.Wisdom(facts).entries == {}
+
+
+def test_read_only_store_keeps_measurements_in_memory(store, monkeypatch):
+    monkeypatch.setenv("LSTMGRAD_CACHE_DIR", str(store / "file-not-dir"))
+    (store / "file-not-dir").write_text("")
+    plan.forget()
+    got = plan.plan_for(TINY, np.dtype(np.float32), NUMPY_GEMM)
+    assert got == plan.feasible(got, TINY, np.float32, NUMPY_GEMM)
+
+
+# --------------------------------------------------------------------------------------------
+# the NumPy back end's results under every plan field
+
+
+def _case(dtype, d, t=6, b=4, i=5, h=7, seed=3):
+    rng = np.random.default_rng(seed)
+    params = []
+    for _ in range(d):
+        params += [rng.uniform(-0.4, 0.4, s).astype(dtype)
+                   for s in [(4 * h, i), (4 * h, h), (4 * h,), (4 * h,)]]  # fmt: skip
+    x = rng.standard_normal((t, b, i)).astype(dtype)
+    hx = [rng.standard_normal((d, b, h)).astype(dtype) for _ in range(2)]
+    dy = rng.standard_normal((t, b, d * h)).astype(dtype)
+    return x, hx, params, dy, dict(num_layers=1, bidirectional=d == 2)
+
+
+NUMPY_PLANS = (
+    [dict(weight_grad=w) for w in plan.WEIGHT_GRAD_LAYOUTS]
+    + [dict(fwd_rec=m, bwd_rec=m) for m in NUMPY_GEMM.fixed_methods(np.float32)]
+    + [dict(threads=2, split_min=0), dict(threads=2, pair_walks=True)]
+)
+
+
+@pytest.mark.parametrize("fields", NUMPY_PLANS, ids=lambda f: ",".join(f"{k}={v}" for k, v in
+                                                                     f.items()))  # fmt: skip
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_numpy_results_under_every_plan_field(fields, dtype):
+    x, hx, params, dy, kw = _case(dtype, d=2)
+    fw_ref = lstmgrad.lstm_forward(x, params, hx, impl="reference", **kw)
+    with forced(**fields):
+        fw = lstmgrad.lstm_forward(x, params, hx, **kw)
+        args = (x, hx, params, dy, None, None, *fw.saved[:7])
+        got = lstmgrad.lstm_backward(*args, **kw)
+    ref = lstmgrad.lstm_backward(x, hx, params, dy, None, None, *fw_ref.saved[:7],
+                                 impl="reference", **kw)  # fmt: skip
+    tol = 1e-12 if dtype == np.float64 else 2e-5
+    for g, w in zip([fw.output, fw.hy, fw.cy], [fw_ref.output, fw_ref.hy, fw_ref.cy],
+                    strict=True):  # fmt: skip
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+    for g, w in zip([got.dx, got.dh_prev, got.dc_prev, *got.dparams],
+                    [ref.dx, ref.dh_prev, ref.dc_prev, *ref.dparams], strict=True):  # fmt: skip
+        scale = max(np.abs(w).max(), 1.0)
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol * scale)
+
+
+# --------------------------------------------------------------------------------------------
+# lstmgrad tune
+
+
+def test_tune_command_measures_shows_and_resets(store, capsys):
+    from lstmgrad.cli import main
+
+    assert main(["tune", "--shape", "5,2,3,4", "--shape", "3,2,4,4,2,2", "--input", "numpy"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("T5 B2 I3 H4 L1 D1 (numpy, float32): ") and "threads=" in lines[0]
+    assert lines[1].startswith("T3 B2 I4 H4 L2 D2 (numpy, float32): ")
+    assert main(["tune", "--show", "--input", "numpy"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["mode"] == "on" and len(shown["numpy"]["entries"]) == 4  # big, steps per shape
+    assert main(["tune", "--reset", "--input", "numpy"]) == 0
+    assert "forgot" in capsys.readouterr().out
+    assert not list(store.glob("wisdom-*.json"))
+
+
+@pytest.mark.parametrize("shape", ["5,2,3", "5,2,3,0", "5,2,3,4,1,3", "a,b,c,d"])
+def test_tune_command_rejects_bad_shapes(store, capsys, shape):
+    from lstmgrad.cli import main
+
+    assert main(["tune", "--shape", shape]) == 2
+    assert "T,B,I,H[,L[,D]]" in capsys.readouterr().err
