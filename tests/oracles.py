@@ -1,6 +1,6 @@
 """Oracles shared by the tests: PyTorch autograd of ``torch.nn.LSTM`` in float64.
 
-Conventions of ``lstmgrad`` reproduced here (SPEC 3-6):
+Conventions of ``lstmgrad`` reproduced here (docs/contract.md):
 
 - params: PyTorch ``_flat_weights`` order.
 - dense: input/dy/dx/output [T, B, *] ([B, T, *] with batch_first); hx/dh/dc [L*D, B, H].

@@ -1,4 +1,4 @@
-"""Rejection tests for the Pythonic API (SPEC 8): one test per contract rule.
+"""Rejection tests for the Pythonic API (docs/contract.md#error-codes): one test per contract rule.
 
 Every test starts from a valid call (T5-B3-I4-H6-L2-D2, bias, float32), breaks exactly one
 argument and checks the error's class, ``.code``, ``.param`` and that the message names the
@@ -1382,7 +1382,7 @@ def test_valid_output_mask_forms(dense: BackwardCase, over: dict[str, Any]) -> N
         [3, 3, 2, 2, 1],
         (3, 3, 2, 2, 1),
         [np.int64(3), np.int32(3), 2, 2, 1],
-        [2, 3, 1, 3, 0],  # not non-increasing: not enforced (SPEC 5)
+        [2, 3, 1, 3, 0],  # not non-increasing: not enforced (docs/contract.md, variable lengths)
         [0, 0, 0, 0, 0],
         [B] * T,
     ],

@@ -1,4 +1,4 @@
-"""SPEC 7 rounding points, checked exactly by composing smaller calls of the same API.
+"""The rounding points of docs/math.md, checked exactly by composing smaller calls of the API.
 
 Each (layer, direction) is rounded to the storage dtype once; the layer below receives the
 rounded dx; the two directions' dx are summed in the storage dtype. These identities hold bit

@@ -1,5 +1,5 @@
 """lstmgrad.lstm_forward / lstm_backward against PyTorch autograd, finite differences and the
-contract's documented properties (SPEC 3-11)."""
+contract's documented properties (docs/contract.md, docs/math.md)."""
 
 from __future__ import annotations
 
@@ -191,7 +191,8 @@ def test_grid_vs_torch(bias, D, bf, L, varlen):
 
 
 def test_saved_activations_meaning():
-    """SPEC 2: gates post-activation, h/c after step t, tanhc = tanh(c), reverse by real time."""
+    """Saved activations: gates post-activation, h/c after step t, tanhc = tanh(c), reverse by
+    real time."""
     T, B, I, H = 4, 2, 3, 5
     c = random_case(T, B, I, H, 1, 2, True, False, False, 7)
     fw = lstmgrad.lstm_forward(c["x"], c["params"], c["hx"], bidirectional=True)
@@ -236,7 +237,7 @@ def test_finite_differences_varlen():
 
 
 # ---------------------------------------------------------------------------------------------
-# 3. SPEC 11, the documented sample
+# 3. The documented sample
 
 SAMPLE_TOL = {np.float16: 1e-3, np.float32: 1e-7, np.float64: 1e-7}
 
@@ -383,7 +384,7 @@ ODD_BATCH_SIZES = {
 def test_varlen_unusual_batch_sizes(bs_list):
     """batch_sizes that PyTorch never produces are accepted; checked against finite
     differences of the forward and against torch running each sequence over its active steps
-    only (a masked step carries the state: SPEC 5)."""
+    only (a masked step carries the state)."""
     bs = np.array(bs_list, dtype=np.int64)
     T, B, I, H, L, D = len(bs), 3, 2, 2, 2, 2
     c = random_case(T, B, I, H, L, D, True, False, True, 40 + T, scale=0.8)
@@ -678,7 +679,7 @@ def test_strided_inputs_equal_contiguous(bf, varlen):
 @pytest.mark.parametrize("bf,varlen", STRIDED_CASES, ids=["tb", "bf", "varlen"])
 def test_fortran_ordered_weights_equal_contiguous(bf, varlen):
     """Weights given as Fortran-ordered (transposed-storage) arrays with the same values:
-    bit-identical results (SPEC 9: fixed reduction order, any strides accepted)."""
+    bit-identical results (fixed reduction order, any strides accepted)."""
     T, B, I, H, L, D = 4, 3, 4, 5, 2, 2
     c = random_case(T, B, I, H, L, D, True, bf, varlen, 90)
     kw = cfg(L, D, True, bf)
@@ -803,7 +804,7 @@ def test_output_mask(mask, varlen):
 
 
 def test_none_gradients_are_zeros():
-    """dy, dh, dc = None behave as zeros (SPEC 3)."""
+    """dy, dh, dc = None behave as zeros."""
     c = random_case(4, 2, 3, 4, 2, 2, True, False, False, 110)
     kw = cfg(2, 2, True)
     fw = lstmgrad.lstm_forward(c["x"], c["params"], c["hx"], **kw)

@@ -1,4 +1,4 @@
-"""Validation of every argument of the contract (SPEC 2-8) and the result types; no math.
+"""Validation of every argument of the contract (docs/contract.md) and the result types; no math.
 
 ``check_backward`` / ``check_forward`` turn the public arguments into a validated, normalised
 call record (time-major views, resolved dims, boolean mask) or raise an
@@ -28,7 +28,7 @@ OUTPUT_NAMES = ("dx", "dh_prev", "dc_prev", "dparams")
 
 
 class LstmSaved(NamedTuple):
-    """Activations saved by the training forward, consumed by the backward (SPEC 2).
+    """Activations saved by the training forward, consumed by the backward.
 
     i, g, f, o, h, c, tanhc: lists of L*D arrays [T, B, H], time-major, indexed by real time.
     dropout_masks: list of L-1 arrays [T, B, D*H] (0 or 1/(1-p)), or None without dropout.
@@ -464,7 +464,7 @@ def check_backward(
     output_mask: Any,
     dropout_masks: Any,
 ) -> BackwardCall:
-    """Validate a backward call (SPEC 3-8) and normalise it; raise before any computation."""
+    """Validate a backward call and normalise it; raise before any computation."""
     for name, value in (("input", input), ("hx", hx), ("params", params)):
         require(fn, name, value)
     for name, value in zip(SAVED_NAMES, saved, strict=True):
@@ -577,7 +577,7 @@ def check_forward(
     seed: Any,
     dropout_masks: Any = None,
 ) -> ForwardCall:
-    """Validate a forward call (SPEC 10, 4, 5, 7, 8) and normalise it.
+    """Validate a forward call and normalise it.
 
     ``dropout_masks`` (L-1 arrays [T, B, D*H], only where dropout applies) are the caller's own
     masks; None lets the API draw them from ``seed``.

@@ -11,7 +11,7 @@ import numpy as np
 from .api import lstm_backward, lstm_forward
 from .varlen import batch_sizes_from_lengths
 
-# SPEC 11: the operator documentation's samples, and the values they document.
+# The operator documentation's samples, and the values they document.
 SAMPLE_DC_PREV = 1.8399487
 SAMPLE_Y, SAMPLE_CY = 0.3696064, 0.5567699
 
@@ -174,7 +174,7 @@ def run_demo(seed: int = 0, use_torch: bool = True, out: TextIO | None = None) -
     def say(line: str = "") -> None:
         print(line, file=out)
 
-    say("1. The documented sample (SPEC 11), computed vs expected")
+    say("1. The documented sample, computed vs expected")
     say(f"   {'dtype':<8} {'output':<18} {'computed':>12} {'expected':>12}  check")
     for dtype, tol in ((np.float64, 5e-8), (np.float32, 5e-7), (np.float16, 2e-3)):
         for got, want in (_sample_backward(dtype), _sample_forward(dtype)):

@@ -1,4 +1,4 @@
-"""Inter-layer dropout masks of the training forward (SPEC 6)."""
+"""Inter-layer dropout masks of the training forward (the dropout rule of docs/contract.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Error classes of the lstmgrad contract (SPEC 8).
+"""Error classes of the lstmgrad contract (docs/contract.md#error-codes).
 
 Every error carries the contract's status code (``.code``) and the name of the argument it is
 about (``.param``, the Python argument name as in the signature, ``None`` when no argument is

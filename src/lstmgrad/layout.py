@@ -1,6 +1,6 @@
 """Params indexing and the dimensions record shared by every layer of the package.
 
-Gate blocks along the 4H axis are in PyTorch's order i, f, g, o (SPEC 1); the engines slice
+Gate blocks along the 4H axis are in PyTorch's order i, f, g, o; the engines slice
 them as [0:H], [H:2H], [2H:3H], [3H:4H].
 """
 

@@ -1,4 +1,4 @@
-"""batch_sizes <-> lengths <-> mask (SPEC 5)."""
+"""batch_sizes <-> lengths <-> mask."""
 
 from __future__ import annotations
 

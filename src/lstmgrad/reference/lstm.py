@@ -1,8 +1,9 @@
 """Reference LSTM forward and backward, one line per formula of docs/math.md.
 
 Everything is computed in float64 and rounded to the storage dtype (the dtype of input) at the
-rounding points of SPEC 7: once per (layer, direction), the layer-to-layer glue (direction sum,
-dropout) in the storage dtype. Time-major throughout; the engine trusts its validated call.
+rounding points (docs/math.md#rounding): once per (layer, direction), the layer-to-layer glue
+(direction sum, dropout) in the storage dtype. Time-major throughout; the engine trusts its
+validated call.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ F64 = np.dtype(np.float64)
 
 def _f64(a: np.ndarray) -> np.ndarray:
     """A C-ordered float64 copy: BLAS sees one memory layout whatever the caller's strides, so
-    results are bit-identical for any layout of the same values (SPEC 9)."""
+    results are bit-identical for any layout of the same values."""
     return np.ascontiguousarray(a, dtype=F64)
 
 
@@ -111,7 +112,7 @@ def lstm_forward(
                 acts[4, t], acts[5, t] = h, c  # (F11) states after step t (carried when masked)
                 acts[6, t] = np.where(mt, tanhc_t, 0.0)  # (F11)
             for n in range(7):
-                saved[n][k][...] = acts[n]  # rounding point (SPEC 7)
+                saved[n][k][...] = acts[n]  # rounding point (docs/math.md#rounding)
             hy[k], cy[k] = h, c
             y_next[..., d * hidden : (d + 1) * hidden] = ys
         y = y_next
@@ -200,7 +201,7 @@ def lstm_backward(
                 dc_prev[k] = dc_next  # (B16)
             if want_dx:
                 dx_d = dx_dirs[d, ..., :width]
-                np.copyto(dx_d, dG @ w_ih, casting="unsafe")  # (B11) rounding point (SPEC 7)
+                np.copyto(dx_d, dG @ w_ih, casting="unsafe")  # (B11) rounding point
             if dparams is not None:
                 rows = t_steps * batch
                 g2 = dG.reshape(rows, dims.G)
