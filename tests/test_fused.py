@@ -231,7 +231,7 @@ def test_nan_in_padding_never_reaches_a_result():
 
 
 def test_nan_and_inf_propagate():
-    """Plain IEEE arithmetic (SPEC 9): a NaN in the input reaches the outputs it feeds."""
+    """Plain IEEE arithmetic: a NaN in the input reaches the outputs it feeds."""
     c = make_case(3, 2, 3, 4, 1, 1, np.float32, seed=13)
     x = c["x"].copy()
     x[1, 0, 0] = np.nan

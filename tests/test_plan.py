@@ -119,21 +119,37 @@ def test_tune_modes(monkeypatch, value, want):
 # feasible plans
 
 
+class _FourThreadGemm:
+    """NumPy's methods on a BLAS said to have four threads (the cap is the other limit)."""
+
+    kind = "numpy"
+    product_methods = staticmethod(NUMPY_GEMM.product_methods)
+    fixed_methods = staticmethod(NUMPY_GEMM.fixed_methods)
+
+    @staticmethod
+    def threads() -> int:
+        return 4
+
+
 def test_feasible_replaces_what_the_call_cannot_run(monkeypatch):
     from lstmgrad.fused import walks
 
+    gemm = _FourThreadGemm()
     monkeypatch.setattr(walks, "parallel_threads", lambda: 2)
+    assert plan.feasible(Plan(threads=8), TINY, np.float32, NUMPY_GEMM).threads <= max(
+        1, NUMPY_GEMM.threads()
+    )  # never more than the BLAS itself may use
     wild = Plan(big="onednn", weight_grad="tn", fwd_rec="packed", bwd_rec="onednn", threads=8,
                 split_min=5, pair_walks=True)  # fmt: skip
-    got = plan.feasible(wild, TINY, np.float32, NUMPY_GEMM)
+    got = plan.feasible(wild, TINY, np.float32, gemm)
     # NumPy has no oneDNN or packed weights; one direction has no pairs; at most 2 threads
     assert got == Plan(big="blas", weight_grad="tn", fwd_rec="blas", bwd_rec="blas", threads=2,
                        split_min=5, pair_walks=False)  # fmt: skip
-    assert plan.feasible(wild, TINY_BI, np.float32, NUMPY_GEMM).pair_walks
+    assert plan.feasible(wild, TINY_BI, np.float32, gemm).pair_walks
     # float16 storage: its activations pass through one scratch, so no pairs
-    assert not plan.feasible(wild, TINY_BI, np.float16, NUMPY_GEMM).pair_walks
+    assert not plan.feasible(wild, TINY_BI, np.float16, gemm).pair_walks
     monkeypatch.setattr(walks, "parallel_threads", lambda: 1)
-    one = plan.feasible(wild, TINY_BI, np.float32, NUMPY_GEMM)
+    one = plan.feasible(wild, TINY_BI, np.float32, gemm)
     assert one.threads == 1 and not one.pair_walks
 
 
