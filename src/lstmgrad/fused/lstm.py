@@ -30,7 +30,7 @@ from ..gemm import NUMPY_GEMM, Gemm
 from ..layout import B_HH, B_IH, W_HH, W_IH, Dims
 from ..plan import Plan, compute_dtype, plan_for
 from ..workspace import Arena, Slot, block
-from . import kernels, walks
+from . import half, kernels, walks
 
 __all__ = ["compute_dtype"]
 
@@ -61,7 +61,23 @@ class _Steps:
 def _c(a: np.ndarray, cd: np.dtype) -> np.ndarray:
     """C-contiguous in the compute dtype (no copy when already so): BLAS sees one layout, so
     results do not depend on the caller's strides."""
+    if a.dtype == np.float16 and cd == np.float32:
+        return half.as_float32(a)
     return np.ascontiguousarray(a, dtype=cd)
+
+
+def _in(a: np.ndarray, cd: np.dtype) -> np.ndarray:
+    """An input in the compute dtype: itself (any strides) where it already is."""
+    return a if a.dtype == cd else _c(a, cd)
+
+
+def _stored(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``a`` in the storage dtype (itself where it already is)."""
+    if a.dtype == dtype:
+        return a
+    out = np.empty(a.shape, dtype)
+    half.assign(out, a)
+    return out
 
 
 def _dense(buf: np.ndarray, rows: int, cols: int) -> np.ndarray:
@@ -73,7 +89,7 @@ def _dense(buf: np.ndarray, rows: int, cols: int) -> np.ndarray:
 def _rounded(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """``a`` rounded to the storage dtype, kept in a's dtype (in place)."""
     if a.dtype != dtype:
-        a[...] = a.astype(dtype)
+        half.round_in_place(a)  # float16 storage is the only one narrower than its compute
     return a
 
 
@@ -193,7 +209,7 @@ def lstm_forward(
         width = dims.layer_input_size(layer)
         xp = _dense(xp_buf, n_rows, width)  # [N, I_l]
         if layer == 0:
-            kernels.pack_rows(call.x.astype(cd, copy=False), st.ns, st.offsets, xp, 0)
+            kernels.pack_rows(_in(call.x, cd), st.ns, st.offsets, xp, 0)
         else:
             np.copyto(layer_in, y)  # the layer below's rounded output
             if masks is not None:
@@ -233,8 +249,8 @@ def lstm_forward(
             hy[k], cy[k] = h, c  # a rounding point (docs/math.md)
             if cd != dtype:
                 for n_, a in enumerate(acts):
-                    saved[n_][k][...] = a
-                y[..., d * hidden : (d + 1) * hidden] = y_d
+                    half.assign(saved[n_][k], a)
+                half.assign(y[..., d * hidden : (d + 1) * hidden], y_d)
         if pair:  # float32/float64 storage: the walks wrote saved and y themselves
             walks.forward_walk_pair(pair[0], pair[1], st.ns, st.offsets)
             for d in range(2):
@@ -308,15 +324,15 @@ def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _D
         kernels.transpose_cols(dr.dg.reshape(-1), dims.G, n_rows, 0, dims.G, bufs["dgt_flat"])
         dgt = _dense(bufs["dgt"], dims.G, n_rows)
         # the GEMMs' own results; rounded to the storage dtype where it differs (float16)
-        dparams[i_ih] = gemm.nt(dgt, xh, plan.big).astype(dtype, copy=False)
-        dparams[i_hh] = gemm.nt(dgt, hp, plan.big).astype(dtype, copy=False)
+        dparams[i_ih] = _stored(gemm.nt(dgt, xh, plan.big), dtype)
+        dparams[i_hh] = _stored(gemm.nt(dgt, hp, plan.big), dtype)
     else:  # [4H, I_l + H]: dW_ih and dW_hh in one GEMM
         if plan.weight_grad == "tn":
             dw = gemm.tn(dr.dg, _dense(bufs["xht"], width + dims.H, n_rows), plan.big)
         else:
             dw = gemm.product(dr.dg.T, xh, _dense(bufs["dw"], dims.G, width + dims.H), plan.big)
-        dparams[i_ih][...] = dw[:, :width]
-        dparams[i_hh][...] = dw[:, width:]
+        half.assign(dparams[i_ih], dw[:, :width])
+        half.assign(dparams[i_hh], dw[:, width:])
     if dims.has_bias:
         db = dr.dg.sum(axis=0)
         dparams[dims.index(layer, dr.k % dims.D, B_IH)][...] = db
@@ -329,7 +345,7 @@ def _pack_layer_input(call: BackwardCall, st: _Steps, layer: int, masks: list | 
     xh[:, :I_l]."""
     dims, cd, hidden = call.dims, xh.dtype, call.dims.H
     if layer == 0:
-        kernels.pack_rows(call.x.astype(cd, copy=False), st.ns, st.offsets, xh, 0)
+        kernels.pack_rows(_in(call.x, cd), st.ns, st.offsets, xh, 0)
         return
     for d in range(dims.D):
         h_below = _c(call.saved[4][(layer - 1) * dims.D + d], cd)
@@ -377,7 +393,7 @@ def lstm_backward(
     dc_prev = outs[2] if need_dc else None
     dparams = outs[3:] if need_dw else None
     masks = [_c(m, cd) for m in call.dropout_masks] if call.dropout_masks else None
-    dy = None if call.dy is None else call.dy.astype(cd, copy=False)
+    dy = None if call.dy is None else _in(call.dy, cd)
     dx_out = None
     dummy = np.zeros((1, 1, 1), dtype=cd)
     for layer in reversed(range(dims.L)):
@@ -418,7 +434,7 @@ def lstm_backward(
             if not plan.pair_walks:
                 if cd != dtype:
                     for n_, s in enumerate(call.saved):
-                        acts_buf[n_][...] = s[dr.k]
+                        half.assign(acts_buf[n_], s[dr.k])
                 _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp)
                 _initial_grads(call, dr.k, dr.dh, dr.dc)
                 w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd)  # [4H, H]
@@ -458,5 +474,5 @@ def lstm_backward(
                 dx_cd = np.empty((t_steps, batch, dims.I), dtype=cd)
                 kernels.unpack_rows(total, st.ns, st.offsets, dx_cd)
                 dx_out = outs[0]
-                dx_out[...] = dx_cd  # exact: the values are already float16-rounded
+                half.assign(dx_out, dx_cd)  # exact: the values are already float16-rounded
     return dx_out, dh_prev, dc_prev, dparams

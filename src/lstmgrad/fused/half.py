@@ -1,0 +1,150 @@
+"""float16 <-> float32 conversions of the fused engine, in Numba.
+
+NumPy converts float16 in software: about 5 ns an element, and 30x that for results in
+float16's subnormal range (gradients of a mean loss over thousands of elements live there).
+These kernels convert with integer operations at the same rounding (IEEE round to nearest,
+ties to even; infinities and NaNs kept, a NaN's sign too), whatever the values.
+
+:func:`assign` is the engine's ``dst[...] = src`` where one side is float16 and the other
+float32: the kernels where both arrays can be seen as 2-D without a copy, NumPy otherwise.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_F16 = np.dtype(np.float16)
+_F32 = np.dtype(np.float32)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _half_bits(f: np.uint32) -> np.uint16:  # pragma: no cover - compiled
+    """The float16 bits nearest (ties to even) to the float32 with bits ``f``."""
+    sign = (f >> np.uint32(16)) & np.uint32(0x8000)
+    a = f & np.uint32(0x7FFFFFFF)
+    e = a >> np.uint32(23)
+    if a > np.uint32(0x7F800000):  # NaN: quiet, top payload bits kept
+        r = np.uint32(0x7E00) | ((a >> np.uint32(13)) & np.uint32(0x3FF))
+    elif e >= np.uint32(143):  # |x| >= 65536, or infinity
+        r = np.uint32(0x7C00)
+    elif e >= np.uint32(113):  # a normal float16 (or a carry into infinity)
+        odd = (a >> np.uint32(13)) & np.uint32(1)
+        r = (a - np.uint32(112 << 23) + np.uint32(0xFFF) + odd) >> np.uint32(13)
+    else:  # float16 subnormals and zero: units of 2^-24
+        m = (a & np.uint32(0x7FFFFF)) | (np.uint32(0x800000) if e > 0 else np.uint32(0))
+        shift = min(np.uint32(126) - e, np.uint32(31))
+        q = m >> shift
+        rem = m & ((np.uint32(1) << shift) - np.uint32(1))
+        half = np.uint32(1) << (shift - np.uint32(1))
+        if rem > half or (rem == half and (q & np.uint32(1))):
+            q += np.uint32(1)
+        r = q
+    return np.uint16(r | sign)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _float_bits(h: np.uint16) -> np.uint32:  # pragma: no cover - compiled
+    """The float32 bits of a float16 with bits ``h`` that is not subnormal (exact)."""
+    x = np.uint32(h)
+    sign = (x & np.uint32(0x8000)) << np.uint32(16)
+    e = (x >> np.uint32(10)) & np.uint32(0x1F)
+    m = x & np.uint32(0x3FF)
+    if e == np.uint32(31):
+        return sign | np.uint32(0x7F800000) | (m << np.uint32(13))
+    if e == np.uint32(0):  # zero
+        return sign
+    return sign | ((e + np.uint32(112)) << np.uint32(23)) | (m << np.uint32(13))
+
+
+_SUBNORMAL_UNIT = np.float32(2.0**-24)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _is_subnormal(h: np.uint16) -> bool:  # pragma: no cover - compiled
+    return (h & np.uint16(0x7C00)) == np.uint16(0) and (h & np.uint16(0x3FF)) != np.uint16(0)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _subnormal(h: np.uint16) -> np.float32:  # pragma: no cover - compiled
+    """The value of a subnormal float16 with bits ``h``: its significand x 2^-24 (exact)."""
+    v = np.float32(h & np.uint16(0x3FF)) * _SUBNORMAL_UNIT
+    return -v if h & np.uint16(0x8000) else v
+
+
+@numba.njit(cache=True, nogil=True)
+def to_half(src, dst):  # pragma: no cover - compiled
+    """dst [R, C] uint16 (float16 bits) = src [R, C] uint32 (float32 bits), rounded."""
+    for i in range(src.shape[0]):
+        for j in range(src.shape[1]):
+            dst[i, j] = _half_bits(src[i, j])
+
+
+@numba.njit(cache=True, nogil=True)
+def to_float(src, bits, values):  # pragma: no cover - compiled
+    """float32 [R, C] = float16 [R, C] exactly: ``src`` the float16 bits (uint16), ``bits``
+    and ``values`` two views of the result (uint32, float32)."""
+    for i in range(src.shape[0]):
+        for j in range(src.shape[1]):
+            h = src[i, j]
+            if _is_subnormal(h):
+                values[i, j] = _subnormal(h)
+            else:
+                bits[i, j] = _float_bits(h)
+
+
+@numba.njit(cache=True, nogil=True)
+def round_to_half(bits, values):  # pragma: no cover - compiled
+    """float32 [R, C] in place (``bits`` uint32 and ``values`` float32 views of it): each value
+    rounded to float16's."""
+    for i in range(bits.shape[0]):
+        for j in range(bits.shape[1]):
+            h = _half_bits(bits[i, j])
+            if _is_subnormal(h):
+                values[i, j] = _subnormal(h)
+            else:
+                bits[i, j] = _float_bits(h)
+
+
+def _matrix(a: np.ndarray) -> np.ndarray | None:
+    """``a`` seen as [rows, last axis] without a copy, or None where that needs one."""
+    if a.ndim == 0:
+        return None
+    view = a.view()
+    try:
+        view.shape = (-1, a.shape[-1]) if a.shape[-1] else (a.size, 0)
+    except (AttributeError, ValueError):
+        return None
+    return view
+
+
+def assign(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` for equal shapes; float32 -> float16 rounds to nearest even."""
+    if dst.shape == src.shape and dst.size:
+        pair = (src.dtype, dst.dtype)
+        if pair in ((_F32, _F16), (_F16, _F32)):
+            d, s = _matrix(dst), _matrix(src)
+            if d is not None and s is not None:
+                if pair == (_F32, _F16):
+                    to_half(s.view(np.uint32), d.view(np.uint16))
+                else:
+                    to_float(s.view(np.uint16), d.view(np.uint32), d)
+                return
+    dst[...] = src
+
+
+def as_float32(a: np.ndarray) -> np.ndarray:
+    """A contiguous float32 copy of a float16 array (``a`` itself for any other dtype is
+    not this function's business: callers pass float16)."""
+    out = np.empty(a.shape, _F32)
+    assign(out, a)
+    return out
+
+
+def round_in_place(a: np.ndarray) -> None:
+    """float32 ``a``'s values rounded to float16's, kept in float32."""
+    m = _matrix(a)
+    if m is None or not a.size:
+        a[...] = a.astype(_F16)
+        return
+    round_to_half(m.view(np.uint32), m)
