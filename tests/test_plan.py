@@ -65,6 +65,7 @@ def test_plan_environment_variable_parsed(monkeypatch):
         ("big=loop", "big must be one of ('blas', 'onednn')"),
         ("weight_grad=cols", "weight_grad must be one of ('rows', 'tn', 'nt')"),
         ("pair_walks=maybe", "pair_walks must be true or false"),
+        ("walk=2", "walk must be true or false"),
     ],
 )
 def test_bad_plan_environment_variable_named_in_the_error(monkeypatch, text, names):
@@ -146,6 +147,10 @@ def test_feasible_replaces_what_the_call_cannot_run(monkeypatch):
     assert got == Plan(big="blas", weight_grad="tn", fwd_rec="blas", bwd_rec="blas", threads=2,
                        split_min=5, pair_walks=False)  # fmt: skip
     assert plan.feasible(wild, TINY_BI, np.float32, gemm).pair_walks
+    # a walk runs anywhere, but the pair walks take precedence where they run
+    walking = dataclasses.replace(wild, walk=True)
+    assert plan.feasible(walking, TINY, np.float16, gemm).walk
+    assert not plan.feasible(walking, TINY_BI, np.float32, gemm).walk
     # float16 storage: its activations pass through one scratch, so no pairs
     assert not plan.feasible(wild, TINY_BI, np.float16, gemm).pair_walks
     monkeypatch.setattr(walks, "parallel_threads", lambda: 1)
@@ -264,7 +269,7 @@ def _case(dtype, d, t=6, b=4, i=5, h=7, seed=3):
 NUMPY_PLANS = (
     [dict(weight_grad=w) for w in plan.WEIGHT_GRAD_LAYOUTS]
     + [dict(fwd_rec=m, bwd_rec=m) for m in NUMPY_GEMM.fixed_methods(np.float32)]
-    + [dict(threads=2, split_min=0), dict(threads=2, pair_walks=True)]
+    + [dict(threads=2, split_min=0), dict(threads=2, pair_walks=True), dict(walk=True)]
 )
 
 

@@ -458,6 +458,56 @@ def test_bidirectional_pair_walks(monkeypatch, two_threads, dtype, rtol, case):
     assert_backward_close(got, ref, max(rtol, 1e-5))
 
 
+@pytest.mark.parametrize(
+    "dtype,rtol", [(np.float64, 1e-12), (np.float32, 2e-5), (np.float16, 4e-3)],
+    ids=["f64", "f32", "f16"],
+)  # fmt: skip
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("case", ["dense", "lengths-with-empty-steps", "no-dy", "dh-prev-off"])
+@pytest.mark.parametrize("kind", ["numpy", "tensors"])
+def test_whole_step_loops_in_one_call(monkeypatch, dtype, rtol, bidirectional, case, kind):
+    """A plan's walks (each direction's step loop in one Numba call, one thread): taken for
+    every layer and direction, equal to the reference, for every storage dtype, with any batch
+    sizes (empty steps included), without dy and without dh_prev."""
+    from lstmgrad.fused import walks
+
+    taken = _record_calls(monkeypatch, walks, ("forward_walk", "backward_walk"))
+    t, b, i, h = 6, 4, 5, 7
+    x, hx, params, dy, kw = make(dtype, num_layers=2, bidirectional=bidirectional, t=t, b=b,
+                                 i=i, h=h)  # fmt: skip
+    bs = None
+    if case == "lengths-with-empty-steps":
+        bs = np.array([4, 0, 3, 3, 0, 1], dtype=np.int64)
+        x, dy = x.reshape(t * b, -1), dy.reshape(t * b, -1)
+    conv = tensors if kind == "tensors" else (lambda a: a)
+    ref_fw = lstmgrad.lstm_forward(x, params, hx, bs, impl="reference", **kw)
+    with forced(walk=True, pair_walks=False):
+        fw = lstmgrad.lstm_forward(conv(x), conv(params), conv(hx), conv(bs), **kw)
+    for got, want in zip(fw[:3], ref_fw[:3], strict=True):
+        got = got.numpy() if kind == "tensors" else got
+        scale = np.abs(want.astype(np.float64)).max()
+        assert np.abs(got.astype(np.float64) - want).max() <= 2 * rtol * scale
+    dy_arg = None if case == "no-dy" else dy
+    dh = hx[0] if case == "no-dy" else None  # some gradient must flow
+    mask = (True, False, True, True) if case == "dh-prev-off" else None
+    saved = [[a.numpy() for a in s] for s in fw.saved[:7]] if kind == "tensors" else fw.saved[:7]
+    args = (x, hx, params, dy_arg, dh, None, *saved, bs)
+    ref = lstmgrad.lstm_backward(*args, output_mask=mask, impl="reference", **kw)
+    with forced(walk=True, pair_walks=False):
+        got = lstmgrad.lstm_backward(*[conv(a) for a in args], output_mask=mask, **kw)
+    layers_dirs = 2 * (2 if bidirectional else 1)
+    assert taken == ["forward_walk"] * layers_dirs + ["backward_walk"] * layers_dirs
+    for name in ("dx", "dh_prev", "dc_prev"):
+        assert (getattr(got, name) is None) == (getattr(ref, name) is None), name
+    pairs = [(got.dx, ref.dx), (got.dc_prev, ref.dc_prev), (got.dh_prev, ref.dh_prev)]
+    for g, w in pairs + list(zip(got.dparams, ref.dparams, strict=True)):
+        if w is None:
+            continue
+        g = (g.numpy() if kind == "tensors" else g).astype(np.float64)
+        w = np.asarray(w, dtype=np.float64)
+        assert np.abs(g - w).max() <= 2 * rtol * max(np.abs(w).max(), 1e-30)
+
+
 def _pair_output(queue=None):
     if queue is not None:  # a forked child: one torch thread, as DataLoader workers take
         torch.set_num_threads(1)

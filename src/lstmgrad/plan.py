@@ -47,7 +47,9 @@ class Plan:
     "blas", "blas_t", "loop", "onednn", "packed"); threads: threads of the step kernels (1: one
     thread); split_min: the smallest step (active rows * H) whose kernel splits over them;
     pair_walks: both directions of a bidirectional layer walk at once on two threads, each step
-    loop in one Numba call (the recurrent methods are then unused).
+    loop in one Numba call (the recurrent methods are then unused); walk: each direction's step
+    loop in one Numba call on one thread, recurrent product included (for layers so small that
+    a library call per step costs more than its arithmetic; pair_walks take precedence).
     """
 
     big: str = "blas"
@@ -57,6 +59,7 @@ class Plan:
     threads: int = 1
     split_min: int = 0
     pair_walks: bool = False
+    walk: bool = False
 
     def describe(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
@@ -90,10 +93,10 @@ def _checked(where: str, name: str, value: Any) -> Any:
         if value not in _CHOICES[name]:
             raise ValueError(f"{where}: {name} must be one of {_CHOICES[name]}, got {value!r}")
         return value
-    if name == "pair_walks":
+    if name in ("pair_walks", "walk"):
         if isinstance(value, str):
             if value.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-                raise ValueError(f"{where}: pair_walks must be true or false, got {value!r}")
+                raise ValueError(f"{where}: {name} must be true or false, got {value!r}")
             return value.lower() in ("1", "true", "yes", "on")
         return bool(value)
     least = 1 if name == "threads" else 0
@@ -239,6 +242,10 @@ def cache_dir() -> Path:
     return Path(base) / "lstmgrad"
 
 
+WISDOM_FORMAT = 2
+"""The version of what a measurement holds: a store written with other candidates (an older
+lstmgrad) is measured again rather than read."""
+
 _wisdoms: dict[tuple[str, int], Wisdom] = {}
 _wisdoms_lock = threading.Lock()
 
@@ -246,7 +253,7 @@ _wisdoms_lock = threading.Lock()
 def wisdom(kind: str) -> Wisdom:
     """The store for back end ``kind`` in this machine's current configuration (a new thread
     count or library version is a new fingerprint)."""
-    facts = fingerprint(kind)
+    facts = {**fingerprint(kind), "format": WISDOM_FORMAT}
     key = (fingerprint_key(facts), os.getpid())
     with _wisdoms_lock:
         w = _wisdoms.get(key)
@@ -311,6 +318,7 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
         threads=threads,
         split_min=max(0, plan.split_min),
         pair_walks=pairs,
+        walk=plan.walk and not pairs,
     )
 
 

@@ -9,8 +9,9 @@ Two classes of shapes are measured, each the first time a call needs it, and sto
   and per-call time, so that the plan picks per sequence length: a packed weight pays only
   over enough steps), the step kernels on one thread and split over the available threads (the
   smallest step where the split pays), and short forward + backward passes of the engine on
-  each thread arrangement (one thread, split steps, both directions walking at once), in the
-  context where the two may fight (the library's GEMMs between the kernels).
+  each arrangement (one thread, each direction's whole step loop in one Numba call, split
+  steps, both directions walking at once), in the context where threads may fight (the
+  library's GEMMs between the kernels).
 
 Each measurement is bounded: a candidate slower than 3x the best so far is dropped after its
 first run. Compilation (Numba's first call) is kept out of the timings by a warm-up run.
@@ -260,7 +261,10 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
         "fwd_rec": choose_recurrent(rec["fwd"], _STEPS),
         "bwd_rec": choose_recurrent(rec["bwd"], _STEPS),
     }
-    candidates: dict[str, dict[str, Any]] = {"one": {**fields, "threads": 1}}
+    candidates: dict[str, dict[str, Any]] = {
+        "one": {**fields, "threads": 1},
+        "walk": {**fields, "threads": 1, "walk": True},  # no library call per step
+    }
     split_min = b * h + 1
     if threads > 1:
         split_min = _split_min(b, h, cd, threads)
@@ -287,6 +291,7 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
             "threads": chosen["threads"],
             "split_min": chosen.get("split_min", 0),
             "pair_walks": chosen.get("pair_walks", False),
+            "walk": chosen.get("walk", False),
         },
         "recurrent": rec,
         "passes": seconds,

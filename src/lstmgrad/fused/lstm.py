@@ -240,12 +240,16 @@ def lstm_forward(
                     walks.ForwardWalk._make((gx, w_t, bias, h, c, gh, st.orders[d], *acts, y_d))
                 )
                 continue
-            rec = gemm.fixed(w_hh.T, plan.fwd_rec, batch)  # h [n, H] -> [n, 4H]
-            for t, n, off in st.walks[d]:
-                g_rec = rec(h[:n], gh[:n]) if n else gh  # in gh or the library's own result
-                step_acts = tuple(a[t] for a in acts)
-                _forward_step(plan, hidden, gx[off : off + n], g_rec, bias, h, c, n, step_acts,
-                              y_d[t])  # fmt: skip
+            if plan.walk:  # the whole step loop in one Numba call
+                walks.forward_walk(gx, np.ascontiguousarray(w_hh.T), bias, h, c, gh, st.ns,
+                                   st.offsets, st.orders[d], *acts, y_d)  # fmt: skip
+            else:
+                rec = gemm.fixed(w_hh.T, plan.fwd_rec, batch)  # h [n, H] -> [n, 4H]
+                for t, n, off in st.walks[d]:
+                    g_rec = rec(h[:n], gh[:n]) if n else gh  # in gh or the library's result
+                    step_acts = tuple(a[t] for a in acts)
+                    _forward_step(plan, hidden, gx[off : off + n], g_rec, bias, h, c, n,
+                                  step_acts, y_d[t])  # fmt: skip
             hy[k], cy[k] = h, c  # a rounding point (docs/math.md)
             if cd != dtype:
                 for n_, a in enumerate(acts):
@@ -299,8 +303,12 @@ def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.
     """The backward's step loop of one direction: per step the gate gradients into dr.dg, then
     dh = dG W_hh (skipped after the last step unless dh_prev is wanted)."""
     t_steps, hidden = call.dims.T, call.dims.H
-    rec = gemm.fixed(w_hh, plan.bwd_rec, call.dims.B)  # dG [n, 4H] -> dh [n, H]
     gate_acts = dr.gate_acts
+    if plan.walk:  # the whole step loop in one Numba call
+        walks.backward_walk(dr.dy, has_dy, dr.dh, dr.dc, w_hh, *gate_acts, dr.cp, dr.dg, st.ns,
+                            st.offsets, st.orders[1 - dr.k % call.dims.D], call.need[1])  # fmt: skip
+        return
+    rec = gemm.fixed(w_hh, plan.bwd_rec, call.dims.B)  # dG [n, 4H] -> dh [n, H]
     for step, (t, n, off) in enumerate(st.walks[1 - dr.k % call.dims.D]):
         if not n:
             continue
