@@ -5,7 +5,9 @@ bidirectional, bias or not, dense (time-major or batch_first) or variable length
 batch_sizes in [0, B] (rising and falling, zero-length sequences, steps with no active row),
 h0/c0 given or None, dy/dh/dc given or None, an output_mask, storage float64, float32 or
 float16, and how the inputs are passed: zeros as input, NaN at every padding position (input,
-dy and the saved activations), non-contiguous strided views, torch tensors.
+dy and the saved activations), non-contiguous strided views, torch tensors; and the execution
+plan forced on the fused engine's calls (the safe one, whole step loops in one call, the other
+recurrent methods and weight-gradient layouts, split step kernels, pair walks).
 
 Checked on each case:
 
@@ -32,6 +34,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lstmgrad
+from lstmgrad.plan import forced
 from test_fused import TOL  # noqa: E402  (tests/ is on sys.path)
 
 torch = pytest.importorskip("torch")
@@ -39,6 +42,15 @@ torch = pytest.importorskip("torch")
 from oracles import load_params, rel_err  # noqa: E402
 
 SAVED = ("i", "g", "f", "o", "h", "c", "tanhc")
+# execution plans forced on the fused engine's calls (those a call cannot run fall back)
+PLANS = [
+    {},
+    {"walk": True},
+    {"fwd_rec": "loop", "bwd_rec": "loop", "weight_grad": "tn"},
+    {"fwd_rec": "blas_t", "bwd_rec": "blas_t", "weight_grad": "nt"},
+    {"threads": 2, "split_min": 0},
+    {"threads": 2, "pair_walks": True},
+]
 # against torch autograd in float64 (test_vs_torch: 1e-10 float64, 2e-5 float32 end to end)
 TORCH_TOL = {np.float64: 1e-10, np.float32: 2e-5}
 
@@ -73,6 +85,7 @@ def cases(draw):
         strided=draw(st.booleans()),
         tensors=draw(st.booleans()),
         seed=draw(st.integers(0, 2**31 - 1)),
+        plan=draw(st.sampled_from(PLANS)),
     )
 
 
@@ -210,7 +223,8 @@ def check_case(c) -> None:
         fbs = None if bs is None else tt(bs)
 
     # forward: fused vs reference
-    got_f = lstmgrad.lstm_forward(fx, fparams, fhx if c["hx"] else None, fbs, **kw)
+    with forced(**c["plan"]):
+        got_f = lstmgrad.lstm_forward(fx, fparams, fhx if c["hx"] else None, fbs, **kw)
     tol = TOL[dtype]
     out = as_numpy(got_f.output, c["tensors"])
     hy, cy = as_numpy(got_f.hy, c["tensors"]), as_numpy(got_f.cy, c["tensors"])
@@ -229,10 +243,11 @@ def check_case(c) -> None:
         fdh, fdc = strided(fdh), strided(fdc)
     if c["tensors"] and fdh is not None:
         fdh, fdc = torch.from_numpy(fdh), torch.from_numpy(fdc)
-    got_b = lstmgrad.lstm_backward(
-        fx, fhx, fparams, fdy if c["dy"] else None, fdh, fdc, *fsaved, fbs,
-        output_mask=c["mask"], **kw,
-    )  # fmt: skip
+    with forced(**c["plan"]):
+        got_b = lstmgrad.lstm_backward(
+            fx, fhx, fparams, fdy if c["dy"] else None, fdh, fdc, *fsaved, fbs,
+            output_mask=c["mask"], **kw,
+        )  # fmt: skip
     want_b = lstmgrad.lstm_backward(
         x, hx, params, dy if c["dy"] else None, dh if c["dhc"] else None,
         dc if c["dhc"] else None, *ref_f.saved[:7], bs, output_mask=c["mask"], impl="reference",
