@@ -471,7 +471,7 @@ def test_whole_step_loops_in_one_call(monkeypatch, dtype, rtol, bidirectional, c
     sizes (empty steps included), without dy and without dh_prev."""
     from lstmgrad.fused import walks
 
-    taken = _record_calls(monkeypatch, walks, ("forward_walk", "backward_walk"))
+    taken = _record_calls(monkeypatch, walks, ("forward_walk_of", "backward_walk_of"))
     t, b, i, h = 6, 4, 5, 7
     x, hx, params, dy, kw = make(dtype, num_layers=2, bidirectional=bidirectional, t=t, b=b,
                                  i=i, h=h)  # fmt: skip
@@ -496,7 +496,7 @@ def test_whole_step_loops_in_one_call(monkeypatch, dtype, rtol, bidirectional, c
     with forced(walk=True, pair_walks=False):
         got = lstmgrad.lstm_backward(*[conv(a) for a in args], output_mask=mask, **kw)
     layers_dirs = 2 * (2 if bidirectional else 1)
-    assert taken == ["forward_walk"] * layers_dirs + ["backward_walk"] * layers_dirs
+    assert taken == ["forward_walk_of"] * layers_dirs + ["backward_walk_of"] * layers_dirs
     for name in ("dx", "dh_prev", "dc_prev"):
         assert (getattr(got, name) is None) == (getattr(ref, name) is None), name
     pairs = [(got.dx, ref.dx), (got.dc_prev, ref.dc_prev), (got.dh_prev, ref.dh_prev)]

@@ -241,8 +241,10 @@ def lstm_forward(
                 )
                 continue
             if plan.walk:  # the whole step loop in one Numba call
-                walks.forward_walk(gx, np.ascontiguousarray(w_hh.T), bias, h, c, gh, st.ns,
-                                   st.offsets, st.orders[d], *acts, y_d)  # fmt: skip
+                walk = walks.ForwardWalk._make(
+                    (gx, np.ascontiguousarray(w_hh.T), bias, h, c, gh, st.orders[d], *acts, y_d)
+                )
+                walks.forward_walk_of(walk, st.ns, st.offsets)
             else:
                 rec = gemm.fixed(w_hh.T, plan.fwd_rec, batch)  # h [n, H] -> [n, 4H]
                 for t, n, off in st.walks[d]:
@@ -305,8 +307,9 @@ def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.
     t_steps, hidden = call.dims.T, call.dims.H
     gate_acts = dr.gate_acts
     if plan.walk:  # the whole step loop in one Numba call
-        walks.backward_walk(dr.dy, has_dy, dr.dh, dr.dc, w_hh, *gate_acts, dr.cp, dr.dg, st.ns,
-                            st.offsets, st.orders[1 - dr.k % call.dims.D], call.need[1])  # fmt: skip
+        walk = walks.BackwardWalk._make((dr.dy, dr.dh, dr.dc, w_hh, *gate_acts, dr.cp, dr.dg,
+                                         st.orders[1 - dr.k % call.dims.D]))  # fmt: skip
+        walks.backward_walk_of(walk, has_dy, st.ns, st.offsets, call.need[1])
         return
     rec = gemm.fixed(w_hh, plan.bwd_rec, call.dims.B)  # dG [n, 4H] -> dh [n, H]
     for step, (t, n, off) in enumerate(st.walks[1 - dr.k % call.dims.D]):

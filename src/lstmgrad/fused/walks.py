@@ -92,7 +92,8 @@ class BackwardWalk(NamedTuple):
 
 
 @_jit
-def _forward_walk_of(w, ns, offsets):  # pragma: no cover
+def forward_walk_of(w, ns, offsets):  # pragma: no cover
+    """:func:`forward_walk` of one direction given as a :class:`ForwardWalk`."""
     forward_walk(w.gx, w.w_t, w.bias, w.h, w.c, w.gh, ns, offsets, w.order,
                  w.s_i, w.s_g, w.s_f, w.s_o, w.s_h, w.s_c, w.s_tc, w.y)  # fmt: skip
 
@@ -102,9 +103,9 @@ def forward_walk_pair(walk0, walk1, ns, offsets):  # pragma: no cover
     """:func:`forward_walk` of the two directions (:class:`ForwardWalk` each) on two threads."""
     for d in prange(2):
         if d == 0:
-            _forward_walk_of(walk0, ns, offsets)
+            forward_walk_of(walk0, ns, offsets)
         else:
-            _forward_walk_of(walk1, ns, offsets)
+            forward_walk_of(walk1, ns, offsets)
 
 
 @_jit
@@ -131,7 +132,8 @@ def backward_walk(
 
 
 @_jit
-def _backward_walk_of(w, has_dy, ns, offsets, need_last):  # pragma: no cover
+def backward_walk_of(w, has_dy, ns, offsets, need_last):  # pragma: no cover
+    """:func:`backward_walk` of one direction given as a :class:`BackwardWalk`."""
     backward_walk(w.dy, has_dy, w.dh, w.dc, w.w, w.s_i, w.s_g, w.s_f, w.s_o, w.s_tc, w.cp, w.dg,
                   ns, offsets, w.order, need_last)  # fmt: skip
 
@@ -142,9 +144,9 @@ def backward_walk_pair(walk0, walk1, has_dy, ns, offsets, need_last):  # pragma:
     threads."""
     for d in prange(2):
         if d == 0:
-            _backward_walk_of(walk0, has_dy, ns, offsets, need_last)
+            backward_walk_of(walk0, has_dy, ns, offsets, need_last)
         else:
-            _backward_walk_of(walk1, has_dy, ns, offsets, need_last)
+            backward_walk_of(walk1, has_dy, ns, offsets, need_last)
 
 
 # Rows split over ``parts`` threads: a step's gate maths on ``parts`` blocks of the batch's
