@@ -133,10 +133,11 @@ def assign(dst: np.ndarray, src: np.ndarray) -> None:
     dst[...] = src
 
 
-def as_float32(a: np.ndarray) -> np.ndarray:
-    """A contiguous float32 copy of a float16 array (``a`` itself for any other dtype is
-    not this function's business: callers pass float16)."""
-    out = np.empty(a.shape, _F32)
+def converted(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``a`` itself where it has ``dtype``, else a contiguous copy in it (as :func:`assign`)."""
+    if a.dtype == dtype:
+        return a
+    out = np.empty(a.shape, dtype)
     assign(out, a)
     return out
 

@@ -62,22 +62,13 @@ def _c(a: np.ndarray, cd: np.dtype) -> np.ndarray:
     """C-contiguous in the compute dtype (no copy when already so): BLAS sees one layout, so
     results do not depend on the caller's strides."""
     if a.dtype == np.float16 and cd == np.float32:
-        return half.as_float32(a)
+        return half.converted(a, cd)
     return np.ascontiguousarray(a, dtype=cd)
 
 
 def _in(a: np.ndarray, cd: np.dtype) -> np.ndarray:
     """An input in the compute dtype: itself (any strides) where it already is."""
     return a if a.dtype == cd else _c(a, cd)
-
-
-def _stored(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``a`` in the storage dtype (itself where it already is)."""
-    if a.dtype == dtype:
-        return a
-    out = np.empty(a.shape, dtype)
-    half.assign(out, a)
-    return out
 
 
 def _dense(buf: np.ndarray, rows: int, cols: int) -> np.ndarray:
@@ -234,16 +225,12 @@ def lstm_forward(
             else:
                 acts = tuple(acts_buf)
                 y_d = layer_in[..., d * hidden : (d + 1) * hidden]  # free once xp is packed
-            if plan.pair_walks:
+            if plan.pair_walks or plan.walk:  # the whole step loop in one Numba call
                 w_t = np.ascontiguousarray(w_hh.T)  # [H, 4H]
-                pair.append(
-                    walks.ForwardWalk._make((gx, w_t, bias, h, c, gh, st.orders[d], *acts, y_d))
-                )
-                continue
-            if plan.walk:  # the whole step loop in one Numba call
-                walk = walks.ForwardWalk._make(
-                    (gx, np.ascontiguousarray(w_hh.T), bias, h, c, gh, st.orders[d], *acts, y_d)
-                )
+                walk = walks.ForwardWalk._make((gx, w_t, bias, h, c, gh, st.orders[d], *acts, y_d))
+                if plan.pair_walks:
+                    pair.append(walk)
+                    continue
                 walks.forward_walk_of(walk, st.ns, st.offsets)
             else:
                 rec = gemm.fixed(w_hh.T, plan.fwd_rec, batch)  # h [n, H] -> [n, 4H]
@@ -300,6 +287,14 @@ class _Direction:
         return s_i, s_g, s_f, s_o, s_tc
 
 
+def _backward_walk(
+    dr: _Direction, w_hh: np.ndarray, st: _Steps, directions: int
+) -> walks.BackwardWalk:
+    """dr's step loop as a record for fused.walks, walked in the reverse of the forward's order."""
+    return walks.BackwardWalk._make((dr.dy, dr.dh, dr.dc, w_hh, *dr.gate_acts, dr.cp, dr.dg,
+                                     st.orders[1 - dr.k % directions]))  # fmt: skip
+
+
 def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.ndarray,
                dr: _Direction, has_dy: bool) -> None:  # fmt: skip
     """The backward's step loop of one direction: per step the gate gradients into dr.dg, then
@@ -307,8 +302,7 @@ def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.
     t_steps, hidden = call.dims.T, call.dims.H
     gate_acts = dr.gate_acts
     if plan.walk:  # the whole step loop in one Numba call
-        walk = walks.BackwardWalk._make((dr.dy, dr.dh, dr.dc, w_hh, *gate_acts, dr.cp, dr.dg,
-                                         st.orders[1 - dr.k % call.dims.D]))  # fmt: skip
+        walk = _backward_walk(dr, w_hh, st, call.dims.D)
         walks.backward_walk_of(walk, has_dy, st.ns, st.offsets, call.need[1])
         return
     rec = gemm.fixed(w_hh, plan.bwd_rec, call.dims.B)  # dG [n, 4H] -> dh [n, H]
@@ -335,8 +329,8 @@ def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _D
         kernels.transpose_cols(dr.dg.reshape(-1), dims.G, n_rows, 0, dims.G, bufs["dgt_flat"])
         dgt = _dense(bufs["dgt"], dims.G, n_rows)
         # the GEMMs' own results; rounded to the storage dtype where it differs (float16)
-        dparams[i_ih] = _stored(gemm.nt(dgt, xh, plan.big), dtype)
-        dparams[i_hh] = _stored(gemm.nt(dgt, hp, plan.big), dtype)
+        dparams[i_ih] = half.converted(gemm.nt(dgt, xh, plan.big), dtype)
+        dparams[i_hh] = half.converted(gemm.nt(dgt, hp, plan.big), dtype)
     else:  # [4H, I_l + H]: dW_ih and dW_hh in one GEMM
         if plan.weight_grad == "tn":
             dw = gemm.tn(dr.dg, _dense(bufs["xht"], width + dims.H, n_rows), plan.big)
@@ -437,7 +431,7 @@ def lstm_backward(
                 _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp)
                 _initial_grads(call, dr.k, dr.dh, dr.dc)
                 w_hh = _c(call.params[dims.index(layer, dr.k % 2, W_HH)], cd)  # [4H, H]
-                pair.append(walks.BackwardWalk._make((dr.dy, dr.dh, dr.dc, w_hh, *dr.gate_acts, dr.cp, dr.dg, st.orders[1 - dr.k % 2])))  # fmt: skip
+                pair.append(_backward_walk(dr, w_hh, st, 2))
             walks.backward_walk_pair(pair[0], pair[1], dy is not None, st.ns, st.offsets, need_dh)
         dx_parts: list[np.ndarray] = []
         for dr in dirs:
