@@ -1,0 +1,66 @@
+"""The README's Python blocks run as written, in order.
+
+Each ```python block runs in a fresh interpreter, except that a block whose first line is
+``# continues the previous block`` runs in the same program as the block before it.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+CONTINUES = "# continues the previous block"
+FENCE = re.compile(r"^```python\n(.*?)^```\s*$", re.S | re.M)
+
+
+def readme_programs(text: str) -> list[str]:
+    """The README's Python blocks joined into programs (a continuing block joins the one
+    before); every ```python fence must be closed."""
+    blocks = FENCE.findall(text)
+    if text.count("```python") != len(blocks):
+        raise ValueError("README.md: a ```python block is not closed by ```")
+    programs: list[str] = []
+    for block in blocks:
+        if block.lstrip().startswith(CONTINUES):
+            if not programs:
+                raise ValueError(f"README.md: the first Python block says {CONTINUES!r}")
+            programs[-1] += "\n" + block
+        else:
+            programs.append(block)
+    return programs
+
+
+PROGRAMS = readme_programs(README.read_text(encoding="utf-8"))
+
+
+def test_the_extraction_joins_continuing_blocks_and_rejects_bad_fences():
+    text = "```python\na = 1\n```\n\n```python\n# continues the previous block\nb = a\n```\n"
+    text += "```python\nc = 2\n```\n"
+    joined = "a = 1\n\n# continues the previous block\nb = a\n"
+    assert readme_programs(text) == [joined, "c = 2\n"]
+    with pytest.raises(ValueError, match="not closed"):
+        readme_programs("```python\na = 1\n")
+    with pytest.raises(ValueError, match="first Python block"):
+        readme_programs(f"```python\n{CONTINUES}\n```\n")
+    assert len(PROGRAMS) >= 2  # the core API and the PyTorch blocks at least
+
+
+@pytest.mark.parametrize("n", range(len(PROGRAMS)))
+def test_readme_block_runs(n, tmp_path):
+    code = PROGRAMS[n]
+    if re.search(r"^\s*(import torch|from lstmgrad\.nn|from torch)", code, re.M):
+        pytest.importorskip("torch")
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, f"README block {n} failed:\n{code}\n{proc.stderr}"
