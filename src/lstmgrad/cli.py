@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .errors import torch_missing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,8 +75,8 @@ def _tune(args: argparse.Namespace) -> int:
         try:
             import torch  # noqa: F401
         except ImportError:
-            print("lstmgrad tune --input tensors needs PyTorch (pip install torch); "
-                  "use --input numpy", file=sys.stderr)  # fmt: skip
+            print(f"{torch_missing('lstmgrad tune --input tensors')}; or use --input numpy",
+                  file=sys.stderr)  # fmt: skip
             return 2
     try:
         shapes = [tune.parse_shape(s) for s in args.shape]

@@ -29,12 +29,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
+
+from .errors import LstmInvalidArgumentError, torch_missing
+
+try:
+    import torch
+except ImportError as exc:  # PyTorch is the optional [torch] extra
+    raise torch_missing("lstmgrad.torch_ops") from exc
 from torch import Tensor
 
 from .api import run_backward, run_forward
 from .contract import check_backward, check_forward
-from .errors import LstmInvalidArgumentError
 from .tensors import to_numpy, torch_gemm
 
 __all__ = ["lstm", "lstm_forward", "lstm_backward"]
