@@ -1,4 +1,4 @@
-"""The README's Python blocks run as written, in order.
+"""The Python blocks of README.md and docs/check.md run as written, in order.
 
 Each ```python block runs in a fresh interpreter, except that a block whose first line is
 ``# continues the previous block`` runs in the same program as the block before it.
@@ -13,29 +13,34 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ("README.md", "docs/check.md")  # the pages whose blocks are whole programs
 CONTINUES = "# continues the previous block"
 FENCE = re.compile(r"^```python\n(.*?)^```\s*$", re.S | re.M)
 
 
 def readme_programs(text: str) -> list[str]:
-    """The README's Python blocks joined into programs (a continuing block joins the one
+    """A page's Python blocks joined into programs (a continuing block joins the one
     before); every ```python fence must be closed."""
     blocks = FENCE.findall(text)
     if text.count("```python") != len(blocks):
-        raise ValueError("README.md: a ```python block is not closed by ```")
+        raise ValueError("a ```python block is not closed by ```")
     programs: list[str] = []
     for block in blocks:
         if block.lstrip().startswith(CONTINUES):
             if not programs:
-                raise ValueError(f"README.md: the first Python block says {CONTINUES!r}")
+                raise ValueError(f"the first Python block says {CONTINUES!r}")
             programs[-1] += "\n" + block
         else:
             programs.append(block)
     return programs
 
 
-PROGRAMS = readme_programs(README.read_text(encoding="utf-8"))
+PROGRAMS = [
+    (doc, n, code)
+    for doc in DOCS
+    for n, code in enumerate(readme_programs((ROOT / doc).read_text(encoding="utf-8")))
+]
 
 
 def test_the_extraction_joins_continuing_blocks_and_rejects_bad_fences():
@@ -47,12 +52,11 @@ def test_the_extraction_joins_continuing_blocks_and_rejects_bad_fences():
         readme_programs("```python\na = 1\n")
     with pytest.raises(ValueError, match="first Python block"):
         readme_programs(f"```python\n{CONTINUES}\n```\n")
-    assert len(PROGRAMS) >= 2  # the core API and the PyTorch blocks at least
+    assert sum(doc == "README.md" for doc, _, _ in PROGRAMS) >= 2  # core API, PyTorch
 
 
-@pytest.mark.parametrize("n", range(len(PROGRAMS)))
-def test_readme_block_runs(n, tmp_path):
-    code = PROGRAMS[n]
+@pytest.mark.parametrize("doc, n, code", PROGRAMS, ids=[f"{d}:{n}" for d, n, _ in PROGRAMS])
+def test_readme_block_runs(doc, n, code, tmp_path):
     if re.search(r"^\s*(import torch|from lstmgrad\.nn|from torch)", code, re.M):
         pytest.importorskip("torch")
     proc = subprocess.run(
@@ -63,4 +67,4 @@ def test_readme_block_runs(n, tmp_path):
         timeout=300,
         check=False,
     )
-    assert proc.returncode == 0, f"README block {n} failed:\n{code}\n{proc.stderr}"
+    assert proc.returncode == 0, f"{doc} program {n} failed:\n{code}\n{proc.stderr}"
