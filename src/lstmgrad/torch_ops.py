@@ -47,9 +47,8 @@ __all__ = ["lstm", "lstm_forward", "lstm_backward"]
 _GATHERED = 7  # i, g, f, o, h, c, tanhc
 
 
-# Up to this many bytes per array, copying is cheaper than proving adjacency (about 1.8 us per
-# array for the pointer and layout checks): measured 41 us to stack 112 arrays of 2.3 KB (BENCH
-# small-1's saved activations) against 200 us to check them.
+# Up to this many bytes per array, copying is cheaper than proving adjacency by pointer and
+# layout checks (docs/performance.md#kernel-measurements).
 _STACK_COPY_MAX_BYTES = 8192
 
 
