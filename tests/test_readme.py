@@ -68,3 +68,18 @@ def test_readme_block_runs(doc, n, code, tmp_path):
         check=False,
     )
     assert proc.returncode == 0, f"{doc} program {n} failed:\n{code}\n{proc.stderr}"
+
+
+@pytest.mark.parametrize("doc", [*DOCS, "docs/design.md", "docs/testing.md"])
+def test_relative_links_lead_to_files(doc):
+    page = ROOT / doc
+    links = re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8"))
+    local = [link.split("#")[0] for link in links if "://" not in link and link.split("#")[0]]
+    assert local or doc != "README.md"
+    missing = [link for link in local if not (page.parent / link).exists()]
+    assert not missing, f"{doc} links to missing files: {missing}"
+
+
+def test_readme_has_no_images():
+    # a package index renders README.md without the repository: a relative image would break
+    assert "![" not in (ROOT / "README.md").read_text(encoding="utf-8")
