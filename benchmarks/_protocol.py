@@ -77,15 +77,17 @@ class WorkerError(RuntimeError):
 
 
 class Worker:
-    """Parent side of one persistent worker process (``python script``)."""
+    """Parent side of one persistent worker process (``python script *argv``)."""
 
-    def __init__(self, name: str, script: Path, log_path: Path, env: dict | None = None) -> None:
+    def __init__(
+        self, name: str, script: Path, log_path: Path, env: dict | None = None, argv: tuple = ()
+    ) -> None:
         self.name = name
         self.log_path = log_path
         self._log = open(log_path, "a")  # noqa: SIM115 (closed in close())
         self.t_spawn = time.perf_counter()
         self.proc = subprocess.Popen(
-            [sys.executable, str(script)],
+            [sys.executable, str(script), *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,

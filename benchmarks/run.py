@@ -14,7 +14,6 @@ rounds and the median of the per-round ratios torch ms / lstmgrad ms. See benchm
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import math
 import os
@@ -30,6 +29,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _harness import Timer, Timing, output_paths  # noqa: E402
 from _machine import (  # noqa: E402
     CpuWatch,
     add_noise_options,
@@ -92,6 +92,10 @@ class Config:
     budget_s: float  # time for all shapes; redos stop when a shape has used its share
     lstmgrad_input: str = "arrays"  # or "tensors" (see worker_lstmgrad.py)
     dtype: str = "float32"  # of the timed items (the gate and the GEMM-only items: float32)
+
+    def timing(self) -> Timing:
+        return Timing(self.target_s, self.warmup_reps, 1, self.max_reps, self.pause_s,
+                      self.noise_cores, self.max_retries)  # fmt: skip
 
     def lstmgrad_env(self) -> dict[str, str]:
         """The lstmgrad workers' environment (their input mode)."""
@@ -228,86 +232,25 @@ def measure_shape(
     if lset["torch_imported"] and cfg.lstmgrad_input == "arrays":
         raise SystemExit("lstmgrad worker imported torch: the measurement would be invalid")
     pairs = pairs_of(sh)
-    workers = {"torch": tw, "lstmgrad": lw}
-
-    def batch(side: str, item: str, n: int) -> dict:
-        w = workers[side]
-        with CpuWatch(w.proc.pid) as watch:
-            times = w.call("time", item=item, n=n)
-        time.sleep(cfg.pause_s)
-        return {
-            "s": times,
-            "wall": round(watch.wall, 6),
-            "other_cores": round(watch.foreign_cores, 3),
-            "noisy": watch.noisy(cfg.noise_cores),
-        }
-
-    def calibrate(side: str, item: str) -> tuple[int, list]:
-        """Reps giving ~target_s of timed work per batch (and at most 2x that of wall time, the
-        untimed forward of a torch backward included), from growing batches."""
-        n, seen = 1, []
-        while True:
-            b = batch(side, item, n)
-            seen.append(b)
-            per_timed = max(med(b["s"]), 1e-7)
-            per_wall = max(b["wall"] / n, 1e-7)
-            if b["wall"] >= cfg.target_s / 4 or n >= cfg.max_reps:
-                break
-            n = min(cfg.max_reps, 16 * n, max(n + 1, math.ceil(cfg.target_s / 4 / per_wall)))
-        want = min(cfg.target_s / per_timed, 2 * cfg.target_s / per_wall)
-        return max(1, min(cfg.max_reps, round(want))), seen
-
-    def may_retry() -> bool:
-        return time.perf_counter() - t_start < share_s
-
-    # warm-up (JIT compiles, caches, oneDNN primitives), then each item's reps
-    plan = [x for p in pairs for x in (("torch", p.torch_item), ("lstmgrad", p.lg_item))]
+    timer = Timer({"torch": tw, "lstmgrad": lw}, cfg.timing())
+    groups = [[("torch", p.torch_item), ("lstmgrad", p.lg_item)] for p in pairs]
     gemm_items = [g for g in GEMM_ITEMS if g in lset["items"]]  # none with tensors
-    plan = list(dict.fromkeys(plan)) + [("lstmgrad", g) for g in gemm_items]
-    warm, reps = {}, {}
-    for side, item in plan:
-        warm[f"{side}:{item}"] = [batch(side, item, cfg.warmup_reps)]
-    for side, item in plan:
-        reps[f"{side}:{item}"], seen = calibrate(side, item)
-        warm[f"{side}:{item}"] += seen
-
-    raw: dict[str, dict] = {
-        p.name: {
+    gemm_groups = [[("lstmgrad", g)] for g in gemm_items]
+    warm, reps = timer.prepare([i for grp in groups + gemm_groups for i in grp])
+    deadline = t_start + share_s
+    kept, discarded = timer.rounds(groups, reps, cfg.rounds, deadline)
+    gemm_kept, gemm_discarded = timer.rounds(gemm_groups, reps, cfg.rounds, deadline)
+    raw: dict[str, dict] = {}
+    for g, p in enumerate(pairs):
+        raw[p.name] = {
             "torch_item": p.torch_item,
             "lg_item": p.lg_item,
-            "torch": [],
-            "lg": [],
-            "discarded": [],
+            "torch": [rd[f"torch:{p.torch_item}"] for rd in kept[g]],
+            "lg": [rd[f"lstmgrad:{p.lg_item}"] for rd in kept[g]],
+            "discarded": [d for d in discarded if d["group"] == g],
         }
-        for p in pairs
-    }
-    redone = 0
-    for r in range(cfg.rounds):
-        for p in pairs:
-            seq = [("torch", p.torch_item), ("lstmgrad", p.lg_item)]
-            if r % 2:
-                seq.reverse()
-            for attempt in range(cfg.max_retries + 1):
-                got = {side: batch(side, item, reps[f"{side}:{item}"]) for side, item in seq}
-                if (
-                    not (got["torch"]["noisy"] or got["lstmgrad"]["noisy"])
-                    or attempt == cfg.max_retries
-                    or not may_retry()
-                ):
-                    break
-                raw[p.name]["discarded"].append({"round": r, **got})
-                redone += 1
-            raw[p.name]["torch"].append(got["torch"])
-            raw[p.name]["lg"].append(got["lstmgrad"])
-    gemm_raw: dict[str, list] = {g: [] for g in gemm_items}
-    for _ in range(cfg.rounds):
-        for g in gemm_items:
-            for attempt in range(cfg.max_retries + 1):
-                b = batch("lstmgrad", g, reps[f"lstmgrad:{g}"])
-                if not b["noisy"] or attempt == cfg.max_retries or not may_retry():
-                    break
-                redone += 1
-            gemm_raw[g].append(b)
+    gemm_raw = {g: [rd[f"lstmgrad:{g}"] for rd in gemm_kept[n]] for n, g in enumerate(gemm_items)}
+    redone = len(discarded) + len(gemm_discarded)
 
     mem = lw.call("memory")
     first = None
@@ -704,12 +647,7 @@ def main(argv: list[str] | None = None) -> int:
         lstmgrad_input=args.lstmgrad_input,
         dtype=args.dtype,
     )
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    resdir = HERE / "results"
-    json_path = args.json or resdir / f"bench-{stamp}.json"
-    png_path = args.png or resdir / "speedup.png"
-    logdir = resdir / "logs" / stamp
-    logdir.mkdir(parents=True, exist_ok=True)
+    json_path, png_path, logdir = output_paths(args.json, args.png, "bench", "speedup.png")
 
     t0 = time.perf_counter()
     probe = probe_machine(cfg.dtype)  # before the workers start: nothing else running
@@ -739,7 +677,6 @@ def main(argv: list[str] | None = None) -> int:
             "gate": gate_res,
             "results": results,
         }
-        json_path.parent.mkdir(parents=True, exist_ok=True)
         if cfg.first_call:
             cold = cold_first_call(shapes[0], logdir, cfg)
             doc["cold_first_call"] = cold

@@ -1,5 +1,4 @@
-"""The benchmark shapes of BENCH.md (the team's benchmark spec) as data, their FLOP counts and
-their deterministic inputs.
+"""The benchmark shapes as data, their FLOP counts and their deterministic inputs.
 
 Imports NumPy only, so both benchmark workers (the PyTorch one and the lstmgrad one) and the
 parent can use it and build bit-identical inputs from the same seed.

@@ -18,11 +18,9 @@ See benchmarks/README.md, section "Training step".
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -34,8 +32,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _harness import Timer, Timing, ms_rounds, output_paths  # noqa: E402
 from _machine import (  # noqa: E402
-    CpuWatch,
     add_noise_options,
     machine,
     med,
@@ -73,27 +71,17 @@ class Config:
     budget_s: float  # time for the timings of all shapes; redos stop past a shape's share
     dtype: str = "float32"  # of the model, its input and its training, gate included
 
+    def timing(self) -> Timing:
+        return Timing(self.target_s, self.warmup_steps, self.min_reps, self.max_reps,
+                      self.pause_s, self.noise_cores, self.max_retries)  # fmt: skip
 
-class TrainWorker(Worker):
-    """:class:`_protocol.Worker` running ``worker_train.py --impl IMPL``."""
 
-    def __init__(
-        self, impl: str, log_path: Path, threads: int | None = None, dtype: str = "float32"
-    ) -> None:
-        # Worker.__init__ starts the script without arguments; same setup, plus --impl
-        self.name = impl
-        self.log_path = log_path
-        self._log = open(log_path, "a")  # noqa: SIM115 (closed in close())
-        self.t_spawn = time.perf_counter()
-        extra = ["--dtype", dtype] + (["--threads", str(threads)] if threads else [])
-        self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER), "--impl", impl, *extra],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-            bufsize=1,
-        )
+def TrainWorker(
+    impl: str, log_path: Path, threads: int | None = None, dtype: str = "float32"
+) -> Worker:  # noqa: N802
+    """A :class:`_protocol.Worker` running ``worker_train.py --impl IMPL``."""
+    extra = ["--dtype", dtype] + (["--threads", str(threads)] if threads else [])
+    return Worker(impl, WORKER, log_path, argv=("--impl", impl, *extra))
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,56 +208,10 @@ def measure_in(
     plan = [("torch", "step"), ("lstmgrad", "step")]
     if sh.varlen:
         plan.append(("torch", "padded"))
-
-    def batch(side: str, item: str, n: int) -> dict:
-        w = workers[side]
-        with CpuWatch(w.proc.pid) as watch:
-            steps = w.call("time", item=item, n=n)
-        time.sleep(cfg.pause_s)  # let the idle side's spinning OpenMP threads go to sleep
-        return {
-            "s": steps,
-            "wall": round(watch.wall, 6),
-            "other_cores": round(watch.foreign_cores, 3),
-            "noisy": watch.noisy(cfg.noise_cores),
-        }
-
-    def calibrate(side: str, item: str) -> tuple[int, list]:
-        """Steps giving about target_s per batch (at least min_reps), from growing batches;
-        the step time is the median of every calibration step, so that one step slowed by
-        another process cannot shrink the batches to a single step."""
-        n, seen = cfg.min_reps, []
-        while True:
-            b = batch(side, item, n)
-            seen.append(b)
-            if b["wall"] >= cfg.target_s / 4 or n >= cfg.max_reps:
-                break
-            per = max(b["wall"] / n, 1e-7)
-            n = min(cfg.max_reps, 16 * n, max(n + 1, math.ceil(cfg.target_s / 4 / per)))
-        per = max(med([t for b in seen for t in b["s"]]), 1e-7)
-        return max(cfg.min_reps, min(cfg.max_reps, round(cfg.target_s / per))), seen
-
     # warm-up first: Numba compile or cache load, oneDNN primitive creation, allocator growth
-    warm: dict[str, list] = {}
-    reps: dict[str, int] = {}
-    for side, item in plan:
-        warm[f"{side}:{item}"] = [batch(side, item, cfg.warmup_steps)]
-    for side, item in plan:
-        reps[f"{side}:{item}"], seen = calibrate(side, item)
-        warm[f"{side}:{item}"] += seen
-
-    rounds: list[dict] = []
-    discarded: list[dict] = []
-    for r in range(n_rounds):
-        seq = plan if r % 2 == 0 else plan[::-1]
-        for attempt in range(cfg.max_retries + 1):
-            got = {f"{s}:{i}": batch(s, i, reps[f"{s}:{i}"]) for s, i in seq}
-            noisy = any(b["noisy"] for b in got.values())
-            in_share = time.perf_counter() - t_start < share_s
-            if not noisy or attempt == cfg.max_retries or not in_share:
-                break
-            discarded.append({"round": r, **got})
-        rounds.append(got)
-
+    timer = Timer(workers, cfg.timing())
+    warm, reps = timer.prepare(plan)
+    (rounds,), discarded = timer.rounds([plan], reps, n_rounds, t_start + share_s)
     prof = {f"{s}:{i}": workers[s].call("profile", item=i, steps=3) for s, i in plan}
     return {
         "paths": {"torch": tset["paths"], "lstmgrad": lset["paths"]},
@@ -314,7 +256,7 @@ def measure_shape(
     tset_paths = parts[0]["paths"]["torch"]
 
     def ms(key: str) -> list[float]:
-        return [1e3 * med(rd[key]["s"]) for rd in rounds]
+        return ms_rounds(rounds, key)
 
     t_ms, l_ms = ms("torch:step"), ms("lstmgrad:step")
     ratios = [a / b for a, b in zip(t_ms, l_ms, strict=True)]
@@ -607,13 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         budget_s=args.budget_s,
         dtype=args.dtype,
     )
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    resdir = HERE / "results"
-    json_path = args.json or resdir / f"train-{stamp}.json"
-    png_path = args.png or resdir / "train_speedup.png"
-    logdir = resdir / "logs" / f"train-{stamp}"
-    logdir.mkdir(parents=True, exist_ok=True)
-    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path, png_path, logdir = output_paths(args.json, args.png, "train", "train_speedup.png")
 
     t0 = time.perf_counter()
     probe = probe_machine(cfg.dtype)  # before the workers start: nothing else running

@@ -66,7 +66,10 @@ def test_bench_runs_a_tiny_shape_and_writes_json(tmp_path, capsys):
 def test_bench_without_torch_says_so(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` raise ImportError
     assert main(["bench", "--shape", "3,2,4,5,1,1", "--rounds", "1"]) == 2
-    assert "lstmgrad bench needs PyTorch: pip install torch" in capsys.readouterr().err
+    assert (
+        'lstmgrad bench needs PyTorch, which is not installed: pip install "lstmgrad[torch]"'
+        in capsys.readouterr().err
+    )
 
 
 def test_bench_rejects_a_bad_shape(capsys):

@@ -2,10 +2,12 @@
 (aclnnLSTM), with the exact contract, on an ordinary CPU.
 
 Pythonic API: :func:`lstm_forward`, :func:`lstm_backward`. C-style two-phase mirror:
-:mod:`lstmgrad.aclnn`.
+:mod:`lstmgrad.aclnn`. Device results checked against both engines: :func:`dump`, then
+``lstmgrad check`` (:mod:`lstmgrad.check`).
 """
 
 from .api import lstm_backward, lstm_forward
+from .check import dump
 from .contract import LstmBackwardResult, LstmForwardResult, LstmSaved
 from .errors import (
     ACLNN_ERR_INNER,
@@ -24,6 +26,7 @@ __version__ = "0.1.0"
 __all__ = [
     "lstm_forward",
     "lstm_backward",
+    "dump",
     "LstmForwardResult",
     "LstmBackwardResult",
     "LstmSaved",

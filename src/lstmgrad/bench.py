@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import torch_missing
+
 Dims = tuple[int, int, int, int, int, int]  # T, B, I, H, L, D
 SHAPES: dict[str, Dims] = {
     "med-3": (100, 32, 256, 256, 1, 1),
@@ -33,7 +35,6 @@ PEAK_BUDGET_S = 0.5  # per library
 BATCH_S = 0.05  # aimed seconds of one batch: its reps are chosen from the warm-up
 PAUSE_S = 0.1  # after each batch
 ENV_KEYS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-TORCH_MISSING = "lstmgrad bench needs PyTorch: pip install torch"
 
 
 class TorchMissing(RuntimeError):
@@ -256,7 +257,7 @@ def run(
     try:
         import torch
     except ImportError as exc:
-        raise TorchMissing(TORCH_MISSING) from exc
+        raise TorchMissing(str(torch_missing("lstmgrad bench"))) from exc
     say = progress or (lambda _: None)
     config = {"dtype": dtype, "rounds": rounds, "input": inp, "batch_s": BATCH_S}
     doc: dict[str, Any] = {"machine": machine(torch), "config": config, "results": []}

@@ -1,5 +1,5 @@
-"""Command line: ``lstmgrad demo | bench | tune``. Parses and prints; the work lives in
-:mod:`lstmgrad.demo`, :mod:`lstmgrad.bench` and :mod:`lstmgrad.tune`."""
+"""Command line: ``lstmgrad demo | bench | tune | check``. Parses and prints; the work lives in
+:mod:`lstmgrad.demo`, :mod:`lstmgrad.bench`, :mod:`lstmgrad.tune` and :mod:`lstmgrad.check`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .errors import torch_missing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("--show", action="store_true", help="print what is stored (JSON)")
     tune.add_argument("--reset", action="store_true", help="forget the stored measurements")
     _add_bench(sub)
+    _add_check(sub)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -63,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         return _tune(args)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "check":
+        return _check(args)
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 
@@ -74,8 +78,8 @@ def _tune(args: argparse.Namespace) -> int:
         try:
             import torch  # noqa: F401
         except ImportError:
-            print("lstmgrad tune --input tensors needs PyTorch (pip install torch); "
-                  "use --input numpy", file=sys.stderr)  # fmt: skip
+            print(f"{torch_missing('lstmgrad tune --input tensors')}; or use --input numpy",
+                  file=sys.stderr)  # fmt: skip
             return 2
     try:
         shapes = [tune.parse_shape(s) for s in args.shape]
@@ -233,6 +237,83 @@ def _bench_tables(doc: dict[str, Any]) -> str:
                 "cores = other processes' CPU use during the shape's rounds)"]  # fmt: skip
         out += ["  ".join(v.ljust(w[k]) for k, v in enumerate(row)).rstrip() for row in rows]
     return "\n".join(out[1:])
+
+
+def _add_check(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "check",
+        help="recompute a dumped aclnnLstmBackward call and compare a device's outputs with "
+        "it (exit 0 ok, 1 mismatch, 2 bad dump); docs/check.md",
+        description="Recompute the outputs of one aclnnLstmBackward call saved with "
+        "lstmgrad.dump (the float64 reference and the fused engine) and compare the device's "
+        "outputs stored with it. Exit status: 0 ok, 1 mismatch, 2 bad dump.",
+    )
+    p.add_argument("dump", metavar="DUMP", help="the dump: .npz, or .pt with PyTorch")
+    p.add_argument(
+        "--rule",
+        choices=("bound", "rtol", "both"),
+        default="bound",
+        help="what decides the exit status: the accumulation-length bound (default), torch_npu's "
+        "assertRtolEqual rule, or both",
+    )
+    p.add_argument(
+        "--factor",
+        type=float,
+        default=None,
+        help="c of the bound c * eps * sqrt(K) * (|ref| + rms(ref)) (default 4)",
+    )
+    p.add_argument("--top", type=int, default=3, help="worst elements located per output")
+
+
+def _e(v: float) -> str:
+    return f"{v:.2e}"
+
+
+def _check(args: argparse.Namespace) -> int:
+    from . import check
+
+    factor = check.BOUND_FACTOR if args.factor is None else args.factor
+    try:
+        rep = check.check(args.dump, factor=factor, top=max(args.top, 1))
+    except check.DumpError as exc:
+        print(f"lstmgrad check: bad dump: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        print(f"lstmgrad check: {exc}", file=sys.stderr)
+        return 2
+    dims = " ".join(f"{k} {v}" for k, v in rep.dims.items())
+    prec = rep.outputs[0].rtol_prec
+    print(f"dump     {args.dump}: {rep.dtype}, {dims}")
+    print("against  the float64 reference (on float64 copies of the dump); 'fused abs' is "
+          f"lstmgrad's fused engine ({rep.dtype}) against the same reference")  # fmt: skip
+    print(f"rules    bound: |device - ref| <= {factor:g} * eps({rep.dtype}) * sqrt(K) * (|ref| + "
+          f"rms(ref)); rtol: torch_npu assertRtolEqual, prec {prec:g} (verdict: {args.rule})")  # fmt: skip
+    head = ["output", "", "K", "max abs", "max rel", "fused abs", "rtol off", "bound off", ""]
+    rows = [head]
+    for r in rep.outputs:
+        rows.append([
+            r.key, r.name, str(r.accumulation), _e(r.max_abs), _e(r.max_rel), _e(r.fused_max_abs),
+            f"{r.rtol_fraction:.2%}" + ("" if r.rtol_ok else " FAIL"),
+            f"{r.bound_fraction:.2%}" + ("" if r.bound_ok else " FAIL"),
+            "ok" if r.ok(args.rule) else "MISMATCH",
+        ])  # fmt: skip
+    w = [max(len(row[k]) for row in rows) for k in range(len(head))]
+    for row in rows:
+        print("  ".join(v.ljust(w[k]) for k, v in enumerate(row)).rstrip())
+    bad = [r for r in rep.outputs if not r.ok(args.rule)]
+    if bad:
+        print("largest errors (absolute; times the bound):")
+        for r in bad:
+            for err, ratio, where in [w for w in r.worst if w[1] > 1] or r.worst[:1]:
+                print(f"  {r.key} ({r.name}): {_e(err)} ({ratio:.3g} x bound) at {where}")
+    if rep.ignored:
+        print(f"ignored  keys the format does not know: {', '.join(rep.ignored)}")
+    if bad:
+        print(f"result   MISMATCH in {len(bad)} of {len(rep.outputs)} outputs: "
+              f"{', '.join(r.key for r in bad)}")  # fmt: skip
+        return 1
+    print(f"result   ok: {len(rep.outputs)} outputs within the rule ({args.rule})")
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -45,3 +45,20 @@ class LstmInternalError(LstmError, RuntimeError):
     """Something unexpected went wrong while computing: code 561103."""
 
     code = ACLNN_ERR_INNER
+
+
+TORCH_INSTALL = 'pip install "lstmgrad[torch]"'
+
+
+def torch_missing(feature: str) -> ModuleNotFoundError:
+    """The error for a PyTorch feature used without PyTorch (the optional ``[torch]`` extra).
+
+    Args:
+        feature: what needs PyTorch, e.g. ``"lstmgrad.nn"``.
+
+    Returns:
+        A ModuleNotFoundError (an ImportError) for module ``torch`` naming the install command.
+    """
+    return ModuleNotFoundError(
+        f"{feature} needs PyTorch, which is not installed: {TORCH_INSTALL}", name="torch"
+    )

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
+from .errors import LstmInvalidArgumentError, torch_missing
+
+try:
+    import torch
+except ImportError as exc:  # PyTorch is the optional [torch] extra
+    raise torch_missing("lstmgrad.nn") from exc
 from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence
 
-from .errors import LstmInvalidArgumentError
 from .torch_ops import lstm
 
 __all__ = ["LSTM"]

@@ -29,12 +29,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
+
+from .errors import LstmInvalidArgumentError, torch_missing
+
+try:
+    import torch
+except ImportError as exc:  # PyTorch is the optional [torch] extra
+    raise torch_missing("lstmgrad.torch_ops") from exc
 from torch import Tensor
 
 from .api import run_backward, run_forward
 from .contract import check_backward, check_forward
-from .errors import LstmInvalidArgumentError
 from .tensors import to_numpy, torch_gemm
 
 __all__ = ["lstm", "lstm_forward", "lstm_backward"]
@@ -42,9 +47,8 @@ __all__ = ["lstm", "lstm_forward", "lstm_backward"]
 _GATHERED = 7  # i, g, f, o, h, c, tanhc
 
 
-# Up to this many bytes per array, copying is cheaper than proving adjacency (about 1.8 us per
-# array for the pointer and layout checks): measured 41 us to stack 112 arrays of 2.3 KB (BENCH
-# small-1's saved activations) against 200 us to check them.
+# Up to this many bytes per array, copying is cheaper than proving adjacency by pointer and
+# layout checks (docs/performance.md#kernel-measurements).
 _STACK_COPY_MAX_BYTES = 8192
 
 

@@ -20,8 +20,8 @@ ALIGN = 64
 Slot = tuple[tuple[int, ...], np.dtype]
 
 # Each thread keeps its largest scratch buffer for the next call: a fresh buffer costs a page
-# fault per 4 KiB on first touch (glibc maps large blocks anew and unmaps them on free), which
-# measured up to half of a forward's time. The buffer never escapes a call.
+# fault per 4 KiB on first touch (glibc maps large blocks anew and unmaps them on free), up to
+# half of a forward's time. The buffer never escapes a call.
 _local = threading.local()
 
 

@@ -1,7 +1,8 @@
 """float16 <-> float32 conversions of the fused engine, in Numba.
 
-NumPy converts float16 in software: about 5 ns an element, and 30x that for results in
-float16's subnormal range (gradients of a mean loss over thousands of elements live there).
+NumPy converts float16 in software, slowly, and far more slowly for results in float16's
+subnormal range (gradients of a mean loss over thousands of elements live there; figures:
+docs/performance.md#kernel-measurements).
 These kernels convert with integer operations at the same rounding (IEEE round to nearest,
 ties to even; infinities and NaNs kept, a NaN's sign too), whatever the values.
 

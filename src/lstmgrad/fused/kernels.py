@@ -18,9 +18,9 @@ from .vmath import one, vsigmoid, vtanh
 
 # error_model="numpy": no zero-division checks, whose branches would stop vectorisation.
 # fastmath "contract" only: a * b + c may become one fused multiply-add (one rounding instead of
-# two, never less accurate); measured 30% off the vectorised sigmoid and tanh (0.46 -> 0.32 and
-# 0.55 -> 0.38 ns per element here). No other fast-math flag: NaN, infinities and signed zeros
-# keep IEEE semantics and nothing is reassociated, so results stay deterministic.
+# two, never less accurate; faster sigmoid and tanh: docs/performance.md#kernel-measurements).
+# No other fast-math flag: NaN, infinities and signed zeros keep IEEE semantics and nothing is
+# reassociated, so results stay deterministic.
 def jit(*, parallel: bool = False) -> Any:
     """The kernels' Numba decorator (also fused.walks'): these flags, in one place."""
     return numba.njit(
@@ -31,10 +31,10 @@ def jit(*, parallel: bool = False) -> Any:
 _jit = jit()
 
 
-# How these kernels stay vectorised (each measured here): every inner loop starts at 0 and
-# indexes a view (a[hid + j] with an offset of unknown sign keeps Numba's negative-index
-# wraparound, which blocks SIMD); each loop touches few arrays (LLVM needs a runtime check per
-# pair that might alias); no slice assignment (about 1 us each).
+# How these kernels stay vectorised: every inner loop starts at 0 and indexes a view
+# (a[hid + j] with an offset of unknown sign keeps Numba's negative-index wraparound, which
+# blocks SIMD); each loop touches few arrays (LLVM needs a runtime check per pair that might
+# alias); no slice assignment (each is a call into Numba's runtime).
 
 
 @_jit
@@ -50,10 +50,8 @@ def matmul_into(a, b, out):  # pragma: no cover
     C-contiguous), deterministic: each element of out is accumulated over k in order,
     vectorised along n. Four rows of b at a time are applied to every row of out (so b is read
     once from cache, and each row of out once per four k), keeping that order of additions
-    (((o + a0 b0) + a1 b1) + ...: bitwise the results of one k at a time). Measured in one
-    process against four k per row of out in turn: [8, 512] x [512, 128] 17.8 -> 14.0 us,
-    [8, 128] x [128, 512] 16.5 -> 12.1 us, [12, 64] x [64, 16] 1.2 -> 1.0 us; one k at a time
-    took 27.8, 17.1 and 2.9 us.
+    (((o + a0 b0) + a1 b1) + ...: bitwise the results of one k at a time); faster than the
+    other orders tried (docs/performance.md#kernel-measurements).
     """
     m, k = a.shape
     n = b.shape[1]
@@ -224,7 +222,7 @@ def gather_prev(s_h, s_c, h0, c0, ns, offsets, order, hp, hp_col, cp):  # pragma
 def transpose_cols(src, width, n, c0, c1, dst):  # pragma: no cover
     """dst[c, r] = src[r, c] for c0 <= c < c1, r < n: src [n, width] and dst [*, n], both
     C-contiguous, given flat (1-D). 16 x 16 tiles, unsigned flat indices (no negative-index
-    wraparound per element): measured 0.3-0.6 ns per element here, 2x the 2-D indexed loop."""
+    wraparound per element): twice as fast as the 2-D indexed loop."""
     sw, dn = np.uint64(width), np.uint64(n)
     for r0 in range(0, n, 16):
         for j0 in range(c0, c1, 16):
