@@ -1,6 +1,7 @@
-"""The timing core shared by run.py and train_step.py: batches timed in worker processes while
-other processes' CPU use is watched, a warm-up, rep counts calibrated per item, and interleaved
-rounds whose noisy groups are redone; plus where a run writes its files.
+"""What run.py and train_step.py share: the timing core (batches timed in worker processes while
+other processes' CPU use is watched, a warm-up, rep counts calibrated per item, interleaved
+rounds whose noisy groups are redone), their options, files, header, pair statistics, tables
+and chart.
 
 An item is (side, name): ``side`` a key of the workers given, ``name`` what its worker's "time"
 request runs. A group is a list of items timed back to back, in reverse order every other
@@ -9,15 +10,21 @@ round (run.py: one group per torch/lstmgrad pair; train_step.py: one group of ev
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
+import json
 import math
+import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _machine import CpuWatch, med
+import numpy as np
+from _machine import CpuWatch, machine, med, probe_lines, probe_machine
 from _protocol import Worker
+from shapes import Shape
 
 HERE = Path(__file__).resolve().parent
 Item = tuple[str, str]
@@ -120,14 +127,164 @@ def ms_rounds(rounds: list[dict[str, dict]], item_key: str) -> list[float]:
     return [1e3 * med(rd[item_key]["s"]) for rd in rounds]
 
 
-def output_paths(
-    json_arg: Path | None, png_arg: Path | None, prefix: str, png_name: str
-) -> tuple[Path, Path, Path]:
-    """The run's JSON, PNG and log folder (created) under benchmarks/results unless given."""
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    resdir = HERE / "results"
-    logdir = resdir / "logs" / (f"{prefix}-{stamp}" if prefix != "bench" else stamp)
-    logdir.mkdir(parents=True, exist_ok=True)
-    json_path = json_arg or resdir / f"{prefix}-{stamp}.json"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    return json_path, png_arg or resdir / png_name, logdir
+# --------------------------------------------------------------------------------------------
+# what run.py and train_step.py share around the timings: options, the run's files and header,
+# the per-shape loop, pair statistics, tables and the chart
+
+
+def add_options(ap: argparse.ArgumentParser, rounds: int, unit: str, budget_s: float) -> None:
+    """The options both parents take; ``unit`` names what a redo repeats ("pair", "round")."""
+    ap.add_argument("--shapes", help="comma-separated shape ids (default: all 12)")
+    ap.add_argument("--rounds", type=int, help=f"timed rounds (default {rounds}; 2 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 2 rounds, short batches")
+    ap.add_argument("--json", type=Path, help="results (default benchmarks/results/...json)")
+    ap.add_argument("--png", type=Path, help="speedup chart (default benchmarks/results/...png)")
+    ap.add_argument("--target-s", type=float, help="seconds of timed work per batch")
+    ap.add_argument("--dtype", choices=("float32", "float16"), default="float32")
+    ap.add_argument("--pause-s", type=float, default=0.2, help="pause after each batch")
+    ap.add_argument(
+        "--noise-cores",
+        type=float,
+        default=0.25,
+        help=f"redo a {unit} when other processes used more than this many cores (default 0.25)",
+    )
+    ap.add_argument("--max-retries", type=int, default=2, help=f"redos per {unit} (default 2)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=budget_s,
+        help=f"seconds for all shapes' timings; redos stop past a shape's share ({budget_s:g})",
+    )
+
+
+class Session:
+    """One parent run: its files (JSON rewritten after every shape, PNG, worker logs), the
+    machine probe (before any worker starts: nothing else running), header and closing lines."""
+
+    def __init__(self, args: argparse.Namespace, prefix: str, png_name: str) -> None:
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        res = HERE / "results"
+        self.logdir = res / "logs" / (f"{prefix}-{stamp}" if prefix != "bench" else stamp)
+        self.logdir.mkdir(parents=True, exist_ok=True)
+        self.json_path = args.json or res / f"{prefix}-{stamp}.json"
+        self.json_path.parent.mkdir(parents=True, exist_ok=True)
+        self.png_path = args.png or res / png_name
+        self.t0 = time.perf_counter()
+        self.probe = probe_machine(args.dtype)
+        self.doc: dict[str, Any] = {}
+
+    def start(self, tinfo: dict, linfo: dict, worker_lines: list[str], **doc: Any) -> dict:
+        """The machine record (printed as the header) and the JSON document's first keys."""
+        m = machine(tinfo, linfo, self.probe)
+        dirty = " (src dirty)" if m["git"]["dirty"] else ""
+        env = ", ".join(f"{k}={v}" for k, v in m["env"].items() if v is not None) or "none set"
+        say(f"date     {m['date']}   git {m['git']['commit'][:10]}{dirty}",
+            f"machine  load {m['loadavg_start'][0]:.2f}, Python {m['python']}, {m['platform']}",
+            *probe_lines(m["probe"]), *worker_lines, f"env      {env}")  # fmt: skip
+        self.doc = {"meta": m, **doc}
+        return m
+
+    def shapes(self, shapes: list[Shape], budget_s: float) -> Iterator[tuple[Shape, float]]:
+        """Each shape with its share of what is left of ``budget_s``; the JSON is written
+        after each, so an interrupted run keeps what it measured."""
+        t0 = time.perf_counter()
+        for k, sh in enumerate(shapes):
+            yield sh, max(0.0, budget_s - (time.perf_counter() - t0)) / (len(shapes) - k)
+            self.save()
+
+    def save(self) -> None:
+        self.json_path.write_text(json.dumps(self.doc, indent=1))
+
+    def finish(self) -> None:
+        m = self.doc["meta"]
+        m["loadavg_end"], m["total_s"] = os.getloadavg(), time.perf_counter() - self.t0
+        self.save()
+
+    def close(self) -> None:
+        say(f"json {self.json_path}", f"png  {self.png_path}", f"logs {self.logdir}",
+            f"total {self.doc['meta']['total_s']:.0f} s")  # fmt: skip
+
+
+def say(*lines: str) -> None:
+    for line in lines:
+        print(line, flush=True)
+
+
+def gate_failed(log: list[str], failures: list[str]) -> None:
+    """Print the gate's failures and exit 2: no timings are reported for a wrong result."""
+    say(*log, "", "CORRECTNESS GATE FAILED: no timings are reported for a wrong result.")
+    say(*("  " + f for f in failures))
+    raise SystemExit(2)
+
+
+def pair_stats(t_ms: list[float], l_ms: list[float], flops: float, peak: dict) -> dict:
+    """Medians of both sides' per-round ms, the median (min, max) of the per-round ratios
+    torch / lstmgrad, and each side's GFLOP/s and fraction of its library's GEMM peak."""
+    ratios = [a / b for a, b in zip(t_ms, l_ms, strict=True)]
+    out: dict[str, Any] = {"ratio": med(ratios), "ratio_min": min(ratios)}
+    out.update(ratio_max=max(ratios), ratio_round=ratios, rounds=len(ratios), flops=flops)
+    for side, ms in (("torch", t_ms), ("lg", l_ms)):
+        gf = flops / med(ms) / 1e6
+        out |= {f"{side}_ms": med(ms), f"{side}_ms_round": ms, f"{side}_gflops": gf}
+        out[f"{side}_peak_frac"] = gf / peak["torch" if side == "torch" else "lstmgrad"]
+    return out
+
+
+def fmt_ms(v: float) -> str:
+    return f"{v:.3f}" if v < 1 else f"{v:.2f}" if v < 100 else f"{v:.1f}"
+
+
+def fmt_ratio(s: dict) -> str:
+    return f"{s['ratio']:.2f}x [{s['ratio_min']:.2f}-{s['ratio_max']:.2f}]"
+
+
+def fmt_gflops(s: dict, side: str) -> str:
+    """GFLOP/s of one side and, in brackets, its fraction of that side's GEMM peak."""
+    frac = s[f"{side}_peak_frac"]
+    return f"{s[f'{side}_gflops']:.3g}" + (f" ({100 * frac:.0f}%)" if math.isfinite(frac) else "")
+
+
+def md_table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def chart(bars: list[tuple[str, str, dict]], path: Path, title: str, ylabel: str) -> None:
+    """Speedup bars (label, series, stats with ratio / ratio_min / ratio_max) grouped by label,
+    growing from 1x on a log scale with min-max error bars; limits from the medians, so one wild
+    round does not flatten the chart (its error bar is clipped instead)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(dict.fromkeys(b[0] for b in bars))
+    series = list(dict.fromkeys(b[1] for b in bars))
+    w = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(labels) + 2), 4.8))
+    for k, name in enumerate(series):
+        x = [labels.index(lab) + (k - (len(series) - 1) / 2) * w for lab, s, _ in bars if s == name]
+        st = [s for _, n, s in bars if n == name]
+        v = np.array([s["ratio"] for s in st])
+        err = [v - [s["ratio_min"] for s in st], [s["ratio_max"] for s in st] - v]
+        ax.bar(x, v - 1.0, w, bottom=1.0, label=name)  # up: lstmgrad faster; down: slower
+        ax.errorbar(x, v, yerr=err, fmt="none", ecolor="k", capsize=2, lw=0.8)
+        for xi, vi in zip(x, v, strict=True):
+            ax.annotate(f"{vi:.2f}", (xi, vi), xytext=(0, 3 if vi >= 1 else -9),
+                        textcoords="offset points", ha="center", fontsize=7)  # fmt: skip
+    meds = [s["ratio"] for _, _, s in bars] + [1.0]
+    lo, hi = min(meds) / 2, max(meds) * 2
+    ax.set_yscale("log")
+    ax.set_ylim(lo, hi)
+    ticks = [t for t in (0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32) if lo <= t <= hi]
+    ax.set_yticks(ticks, [f"{t:g}x" for t in ticks])
+    ax.minorticks_off()
+    ax.axhline(1.0, color="k", lw=1, ls="--")
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

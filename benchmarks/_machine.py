@@ -8,7 +8,6 @@ library, so that one BLAS runtime's threads cannot disturb the other's measureme
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import math
@@ -375,7 +374,10 @@ def machine(tinfo: dict, linfo: dict, probe: dict) -> dict:
 
 
 def rel_err(got: Any, want: Any) -> float:
-    """max|got - want| / max|want| (inf on a shape mismatch or a non-finite value)."""
+    """max|got - want| / max|want| (inf on a shape mismatch, a non-finite value or one side
+    None; 0 when both are None)."""
+    if got is None or want is None:
+        return 0.0 if got is want else math.inf
     a = np.asarray(got, dtype=np.float64)
     b = np.asarray(want, dtype=np.float64)
     if a.shape != b.shape:
@@ -389,53 +391,6 @@ def rel_err(got: Any, want: Any) -> float:
 
 def med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else math.nan
-
-
-# --------------------------------------------------------------------------------------------
-# command line and charts: the parts both parents share
-
-
-def add_noise_options(ap: argparse.ArgumentParser, unit: str, budget_s: float) -> None:
-    """--pause-s, --noise-cores, --max-retries and --budget-s; ``unit`` names what a redo
-    repeats ("pair", "round")."""
-    ap.add_argument(
-        "--pause-s", type=float, default=0.2, help="pause after each batch (default 0.2)"
-    )
-    ap.add_argument(
-        "--noise-cores",
-        type=float,
-        default=0.25,
-        help=f"redo a {unit} when other processes used more than this many cores (default 0.25)",
-    )
-    ap.add_argument("--max-retries", type=int, default=2, help=f"redos per {unit} (default 2)")
-    ap.add_argument(
-        "--budget-s",
-        type=float,
-        default=budget_s,
-        help="seconds for the timings of all shapes: redos stop once a shape has used its "
-        f"share (default {budget_s:g})",
-    )
-
-
-def speedup_axis(ax: Any, lo: float, hi: float) -> None:
-    """A log-scale speedup axis from lo to hi, ticks at powers of two ("0.5x", "2x"), and a
-    dashed line at 1x."""
-    ax.set_yscale("log")
-    ax.set_ylim(lo, hi)
-    ticks = [t for t in (0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32) if lo <= t <= hi]
-    ax.set_yticks(ticks, [f"{t:g}x" for t in ticks])
-    ax.minorticks_off()
-    ax.axhline(1.0, color="k", lw=1, ls="--")
-
-
-def save_figure(fig: Any, path: Path) -> None:
-    """Lay out, write (120 dpi, the folder made if needed) and close a matplotlib figure."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":  # probe child: python _machine.py probe numpy|torch [dtype ...]

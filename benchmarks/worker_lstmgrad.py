@@ -6,7 +6,7 @@ arrays: lstmgrad then runs its GEMMs on torch's oneDNN / BLAS), imports torch an
 NumPy GEMM (no GEMM-only items; tracemalloc cannot see torch's memory: no memory figures).
 
 Started by benchmarks/run.py; speaks the JSON-lines protocol of _protocol.py. Timed items of
-the current shape (the run's dtype, float32 by default; the fast engine when ``impl`` exists):
+the current shape (the run's dtype, float32 by default; the fused engine):
 
 - ``bwd``: lstm_backward with dy, dh, dc all given, from one forward (train=True) done in setup.
 - ``bwd_nodx``: the same with output_mask=(False, True, True, True).
@@ -18,7 +18,6 @@ the current shape (the run's dtype, float32 by default; the fast engine when ``i
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 import time
@@ -26,6 +25,7 @@ import tracemalloc
 from typing import Any
 
 import numpy as np
+from _machine import rel_err
 from _protocol import decode, encode, serve, time_reps
 from shapes import Shape, make_case
 
@@ -56,49 +56,14 @@ def _lg():
     return lstmgrad
 
 
-def impls() -> dict:
-    """Whether lstm_forward / lstm_backward take ``impl`` (the fast engine has landed)."""
-    lg = _lg()
-    return {
-        "forward": "impl" in inspect.signature(lg.lstm_forward).parameters,
-        "backward": "impl" in inspect.signature(lg.lstm_backward).parameters,
-    }
-
-
-def _kw(fn: str, impl: str) -> dict:
-    """``{"impl": impl}`` if that function takes it, else {} (the default engine)."""
-    return {"impl": impl} if impls()[fn] else {}
-
-
 def _openblas_threads() -> int | None:
-    """OpenBLAS's thread count through its C API (threadpoolctl if installed)."""
+    """OpenBLAS's thread count (None without threadpoolctl, which the bench extra installs)."""
     try:
         from threadpoolctl import threadpool_info
-
-        for d in threadpool_info():
-            if d.get("internal_api") == "openblas":
-                return int(d["num_threads"])
     except ImportError:
-        pass
-    import ctypes
-
-    try:
-        with open("/proc/self/maps") as f:
-            libs = {ln.split()[-1] for ln in f if "openblas" in ln.lower() and ".so" in ln}
-    except OSError:
         return None
-    for path in libs:
-        lib = ctypes.CDLL(path)
-        for sym in (
-            "scipy_openblas_get_num_threads64_",
-            "openblas_get_num_threads64_",
-            "openblas_get_num_threads",
-            "scipy_openblas_get_num_threads",
-        ):
-            fn = getattr(lib, sym, None)
-            if fn is not None:
-                return int(fn())
-    return None
+    return next((int(d["num_threads"]) for d in threadpool_info()
+                 if d.get("internal_api") == "openblas"), None)  # fmt: skip
 
 
 def info() -> dict:
@@ -107,7 +72,6 @@ def info() -> dict:
         "lstmgrad": getattr(lg, "__version__", "?"),
         "lstmgrad_file": lg.__file__,
         "numpy": np.__version__,
-        "impl": impls(),
         "input": INPUT,
         "torch_imported": "torch" in sys.modules,
     }
@@ -134,21 +98,6 @@ def info() -> dict:
     return out
 
 
-def _rel(a: np.ndarray | None, b: np.ndarray | None) -> float:
-    """max|a - b| / max|b| in float64 (NaN anywhere in a counts as an error of inf)."""
-    if a is None or b is None:
-        return 0.0 if a is None and b is None else float("inf")
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape:
-        return float("inf")
-    if a.size == 0:
-        return 0.0
-    if not np.all(np.isfinite(a)):
-        return float("inf")
-    return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), np.finfo(np.float64).tiny))
-
-
 def _flags(sh: Shape) -> dict:
     return {"num_layers": sh.L, "bidirectional": sh.bidirectional}
 
@@ -156,7 +105,7 @@ def _flags(sh: Shape) -> dict:
 def _forward(sh: Shape, c: dict, impl: str):
     a = [_fast_in(c[k], impl) for k in ("x", "params", "h0", "c0", "batch_sizes")]
     return _lg().lstm_forward(
-        a[0], a[1], a[2:4], a[4], **_flags(sh), train=True, **_kw("forward", impl)
+        a[0], a[1], a[2:4], a[4], **_flags(sh), train=True, impl=impl
     )
 
 
@@ -173,20 +122,17 @@ def _backward(sh: Shape, c: dict, saved, impl: str, output_mask=None):
         _fast_in(c["batch_sizes"], impl),
         **_flags(sh),
         output_mask=output_mask,
-        **_kw("backward", impl),
+        impl=impl,
     )
 
 
 def _grad_errors(got, want) -> dict:
     errs = {
-        "dx": _rel(got.dx, want.dx),
-        "dh_prev": _rel(got.dh_prev, want.dh_prev),
-        "dc_prev": _rel(got.dc_prev, want.dc_prev),
+        "dx": rel_err(got.dx, want.dx),
+        "dh_prev": rel_err(got.dh_prev, want.dh_prev),
+        "dc_prev": rel_err(got.dc_prev, want.dc_prev),
     }
-    if want.dparams is None or got.dparams is None:
-        errs["dparams"] = 0.0 if want.dparams is got.dparams else float("inf")
-    else:
-        errs["dparams"] = max(_rel(a, b) for a, b in zip(got.dparams, want.dparams, strict=True))
+    errs["dparams"] = max(map(rel_err, got.dparams, want.dparams))
     return errs
 
 
@@ -196,11 +142,6 @@ def gate_fused(shapes: list[dict]) -> dict:
     Per shape: the backward alone from the same saved activations (reference forward), with and
     without layer 0's dx, and forward+backward end to end (fused forward -> fused backward vs
     reference forward -> reference backward; the forward's output/hy/cy too)."""
-    if not (impls()["forward"] and impls()["backward"]):
-        return {
-            "skipped": "lstm_forward/lstm_backward take no `impl` keyword yet: only the "
-            "reference engine exists, comparing it with itself is meaningless"
-        }
     out = {}
     for d in shapes:
         sh = Shape.from_dict(d)
@@ -220,7 +161,7 @@ def gate_fused(shapes: list[dict]) -> dict:
             valid = (np.arange(sh.T)[:, None] < c["lengths"][None, :]).reshape(-1)
             out_ref, out_fus = out_ref[valid], out_fus[valid]
         e2e.update(
-            output=_rel(out_fus, out_ref), hy=_rel(fus_f.hy, ref_f.hy), cy=_rel(fus_f.cy, ref_f.cy)
+            output=rel_err(out_fus, out_ref), hy=rel_err(fus_f.hy, ref_f.hy), cy=rel_err(fus_f.cy, ref_f.cy)
         )
         res["fwd_bwd"] = e2e
         out[sh.id] = res
@@ -385,7 +326,6 @@ def first_call(shape: dict, dtype: str = "float32") -> dict:
     t0 = time.perf_counter()
     already = "lstmgrad" in sys.modules
     _lg()
-    impls()
     if INPUT == "tensors":  # part of the import cost in this mode
         import torch  # noqa: F401
     t_import = time.perf_counter() - t0
@@ -410,7 +350,6 @@ if __name__ == "__main__":
     serve(
         {
             "info": info,
-            "impls": impls,
             "gate_fused": gate_fused,
             "reference64": reference64,
             "setup": setup,
