@@ -331,7 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         tinfo, linfo = tw.call("info"), lw.call("info")
-        if tinfo["lstmgrad_imported"] or (linfo["torch_imported"] and cfg.lstmgrad_input == "arrays"):
+        if tinfo["lstmgrad_imported"] or (
+            linfo["torch_imported"] and cfg.lstmgrad_input == "arrays"
+        ):
             raise SystemExit("a worker imported the other side's library; aborting")
         # float32 peaks also in float16 runs: lstmgrad's compute dtype, and torch's float16 GEMM
         # speed varies several-fold with the sizes (no peak); lstmgrad's GEMMs on its input's

@@ -104,9 +104,7 @@ def _flags(sh: Shape) -> dict:
 
 def _forward(sh: Shape, c: dict, impl: str):
     a = [_fast_in(c[k], impl) for k in ("x", "params", "h0", "c0", "batch_sizes")]
-    return _lg().lstm_forward(
-        a[0], a[1], a[2:4], a[4], **_flags(sh), train=True, impl=impl
-    )
+    return _lg().lstm_forward(a[0], a[1], a[2:4], a[4], **_flags(sh), train=True, impl=impl)
 
 
 def _backward(sh: Shape, c: dict, saved, impl: str, output_mask=None):
@@ -161,7 +159,9 @@ def gate_fused(shapes: list[dict]) -> dict:
             valid = (np.arange(sh.T)[:, None] < c["lengths"][None, :]).reshape(-1)
             out_ref, out_fus = out_ref[valid], out_fus[valid]
         e2e.update(
-            output=rel_err(out_fus, out_ref), hy=rel_err(fus_f.hy, ref_f.hy), cy=rel_err(fus_f.cy, ref_f.cy)
+            output=rel_err(out_fus, out_ref),
+            hy=rel_err(fus_f.hy, ref_f.hy),
+            cy=rel_err(fus_f.cy, ref_f.cy),
         )
         res["fwd_bwd"] = e2e
         out[sh.id] = res
