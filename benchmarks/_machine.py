@@ -92,17 +92,6 @@ class CpuWatch:
 # machine header
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
 def git_state() -> dict:
     def git(*a: str) -> str:
         try:
@@ -119,32 +108,6 @@ def _children_ticks() -> float:
     """CPU ticks of this process's waited-for children."""
     t = os.times()
     return (t.children_user + t.children_system) * CLK_TCK
-
-
-def cpu_quota() -> float | None:
-    """CPUs granted by the cgroup's CFS quota (v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``), None
-    when unlimited or unreadable."""
-    v2 = ["/sys/fs/cgroup/cpu.max"]
-    try:
-        with open("/proc/self/cgroup") as f:
-            v2 += [f"/sys/fs/cgroup{ln.strip()[3:]}/cpu.max" for ln in f if ln.startswith("0::")]
-    except OSError:
-        pass
-    for path in reversed(v2):  # the process's own cgroup first
-        try:
-            with open(path) as f:
-                quota, period = f.read().split()[:2]
-        except (OSError, ValueError):
-            continue
-        return None if quota == "max" else int(quota) / int(period)
-    for d in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"):
-        try:
-            with open(f"{d}/cpu.cfs_quota_us") as f, open(f"{d}/cpu.cfs_period_us") as g:
-                quota_us, period_us = int(f.read()), int(g.read())
-        except (OSError, ValueError):
-            continue
-        return None if quota_us < 0 else quota_us / period_us
-    return None
 
 
 def threadpools() -> list[dict] | str:
@@ -171,39 +134,27 @@ def gemm_peak(lib: str, dtype: str = "float32", budget_s: float = PEAK_BUDGET_S)
     ("numpy": numpy.matmul, "torch": torch.mm) into a preallocated output, timed after a
     warm-up; ``gflops`` is the best product's median. Imports ``lib``: call it in a process of
     its own (see :func:`probe_machine`)."""
+    rng = np.random.default_rng(0)
+    mm: Any = np.matmul
     if lib == "torch":
         import torch
 
-        tdt = getattr(torch, dtype)
-
-        def make(m: int, n: int) -> Any:
-            return torch.randn(m, n, dtype=tdt)
-
-        def mm(a: Any, b: Any, c: Any) -> None:
-            torch.mm(a, b, out=c)
-
-    else:
-        rng = np.random.default_rng(0)
-
-        def make(m: int, n: int) -> Any:
-            return rng.standard_normal((m, n)).astype(dtype)
-
-        def mm(a: Any, b: Any, c: Any) -> None:
-            np.matmul(a, b, out=c)
-
+        mm = torch.mm
     gemms = PEAK_GEMMS_F16 if dtype == "float16" else PEAK_GEMMS
     products = {}
     for m, k, n in gemms:
-        a, b, c = make(m, k), make(k, n), make(m, n)
+        a, b, c = (rng.standard_normal(s).astype(dtype) for s in ((m, k), (k, n), (m, n)))
+        if lib == "torch":
+            a, b, c = (torch.from_numpy(v) for v in (a, b, c))
         end = time.perf_counter() + budget_s / len(gemms)
         t0 = time.perf_counter()
-        mm(a, b, c)  # warm-up: thread pool start, packing buffers
+        mm(a, b, out=c)  # warm-up: thread pool start, packing buffers
         if time.perf_counter() - t0 < budget_s / 20:
-            mm(a, b, c)
+            mm(a, b, out=c)
         ts: list[float] = []
         while not ts or (len(ts) < 15 and time.perf_counter() < end):
             t0 = time.perf_counter()
-            mm(a, b, c)
+            mm(a, b, out=c)
             ts.append(time.perf_counter() - t0)
         products[f"{m}x{k}x{n}"] = {
             "gflops": 2 * m * k * n / statistics.median(ts) / 1e9,
@@ -239,30 +190,23 @@ def _probe(lib: str, dtypes: list[str]) -> dict:
     out["peak"] = {dt: gemm_peak(lib, dt) for dt in dtypes}
     out["threadpools"] = threadpools()
     if lib == "numpy":  # after the GEMMs: asking Numba its thread count starts its pool
-        try:
-            import numba
+        import numba
 
-            out["numba"] = numba.__version__
-            out["numba_threads"] = numba.get_num_threads()
-        except ImportError:
-            out["numba"] = None
+        from lstmgrad.machine import _cgroup_cpus, cpu_model
+
+        out.update(numba=numba.__version__, numba_threads=numba.get_num_threads())
+        out.update(cpu=cpu_model(), cgroup_cpu_quota=_cgroup_cpus())
     return out
 
 
 def probe_machine(dtype: str = "float32") -> dict:
-    """CPU facts of this process and, from one child process per library (``python _machine.py
+    """CPU counts of this process and, from one child process per library (``python _machine.py
     probe LIB``), each library's versions, threads, thread pools and measured GEMM peak
     (float32, plus torch.mm in float16 when ``dtype`` is float16). A child that fails is
     recorded as ``{"error": ...}``."""
-    try:
-        affinity: int | None = len(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = None
     out: dict[str, Any] = {
-        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "affinity": affinity,
-        "cgroup_cpu_quota": cpu_quota(),
+        "affinity": len(os.sched_getaffinity(0)),
         "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")},
     }
     for lib in ("numpy", "torch"):
@@ -278,6 +222,8 @@ def probe_machine(dtype: str = "float32") -> dict:
             out[lib] = {"error": proc.stderr[-2000:] if proc is not None else repr(exc)}
         foreign = _system_busy_ticks() - busy0 - (_children_ticks() - own0)
         out[lib]["other_cores"] = round(max(0, foreign) / CLK_TCK / (time.perf_counter() - t0), 2)
+    out["cpu"] = out["numpy"].get("cpu", "?")
+    out["cgroup_cpu_quota"] = out["numpy"].get("cgroup_cpu_quota")
     return out
 
 
@@ -343,16 +289,9 @@ def probe_lines(p: dict) -> list[str]:
 def machine(tinfo: dict, linfo: dict, probe: dict) -> dict:
     """The run's machine record: this process's facts, each worker's ``info`` answer and the
     probe children's (``probe_machine``)."""
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = None
     return {
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "affinity": affinity,
-        "cgroup_cpu_quota": probe["cgroup_cpu_quota"],
+        **{k: probe[k] for k in ("cpu", "cpu_count", "affinity", "cgroup_cpu_quota")},
         "loadavg_start": os.getloadavg(),
         "python": platform.python_version(),
         "platform": platform.platform(),

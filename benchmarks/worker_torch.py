@@ -27,15 +27,6 @@ STATE: dict[str, Any] = {}
 
 
 def info() -> dict:
-    cfg = torch.__config__.show()
-    blas = next(
-        (ln.split("BLAS_INFO=")[1].split(",")[0] for ln in cfg.splitlines() if "BLAS_INFO=" in ln),
-        "?",
-    )
-    onednn = next(
-        (ln.strip("- ").strip() for ln in cfg.splitlines() if "MKL-DNN" in ln or "oneDNN" in ln),
-        "?",
-    )
     return {
         "torch": torch.__version__,
         "numpy": np.__version__,
@@ -43,8 +34,6 @@ def info() -> dict:
         "num_interop_threads": torch.get_num_interop_threads(),
         "mkldnn_available": torch.backends.mkldnn.is_available(),
         "mkldnn_enabled": torch.backends.mkldnn.enabled,
-        "blas": blas,
-        "onednn": onednn,
         "parallel": torch.__config__.parallel_info().splitlines()[:6],
         "lstmgrad_imported": "lstmgrad" in sys.modules,
     }
