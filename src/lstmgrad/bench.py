@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .errors import torch_missing
+from .machine import _cgroup_cpus, cpu_model
 
 Dims = tuple[int, int, int, int, int, int]  # T, B, I, H, L, D
 SHAPES: dict[str, Dims] = {
@@ -47,26 +48,6 @@ def flops(dims: Dims, part: str) -> int:
     t, b, i, h, n_layers, d = dims
     per = 16 if part == "backward" else 8
     return sum(d * per * t * b * h * (h + (i if k == 0 else d * h)) for k in range(n_layers))
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "?"
-
-
-def _cpu_quota() -> float | None:
-    """CPUs granted by the cgroup's CFS quota (v2 or v1), None when unlimited or unreadable."""
-    for quota, period in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
-        try:
-            fields = Path(f"/sys/fs/cgroup/{quota}").read_text().split()
-            fields += Path(f"/sys/fs/cgroup/{period}").read_text().split() if period else []
-            return None if fields[0] in ("max", "-1") else int(fields[0]) / int(fields[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    return None
 
 
 def gemm_peak(torch: Any, lib: str) -> float:
@@ -106,8 +87,8 @@ def machine(torch: Any) -> dict[str, Any]:
     peak = {f"{lib}_float32": gemm_peak(torch, lib) for lib in ("torch", "numpy")}
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {
-        "cpu": _cpu_model(), "cpu_count": os.cpu_count(), "affinity": affinity,
-        "cgroup_cpu_quota": _cpu_quota(), "python": platform.python_version(),
+        "cpu": cpu_model(), "cpu_count": os.cpu_count(), "affinity": affinity,
+        "cgroup_cpu_quota": _cgroup_cpus(), "python": platform.python_version(),
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "numpy": np.__version__, "numba": numba.__version__,
         "numba_threads": numba.get_num_threads(), "threadpools": pools,
