@@ -30,11 +30,9 @@ def lstm_flops(
     part: str = "backward",
     dx: bool = True,  # noqa: E741
 ) -> int:
-    """GEMM FLOPs (2 per multiply-add) of an LSTM's ``part`` ("backward", "forward" or
-    "fwd_bwd") over ``rows`` active (time, batch) rows: T*B dense, the sum of the lengths with
-    variable lengths. Per (layer, direction), I_l = I for layer 0 and D*H above: the backward is
-    16*rows*H*(H + I_l) (recurrent dh, dx, dW_ih, dW_hh), the forward 8*rows*H*(H + I_l).
-    ``dx=False`` drops layer 0's dx GEMM, 8*rows*H*I, from the backward (output_mask)."""
+    """GEMM FLOPs of an LSTM's ``part`` ("backward", "forward" or "fwd_bwd") over ``rows``
+    active (time, batch) rows, as the module docstring counts them; ``dx=False`` drops layer
+    0's dx GEMM, 8*rows*H*I, from the backward (output_mask)."""
     if part == "fwd_bwd":
         return lstm_flops(rows, I, H, L, D, "forward") + lstm_flops(
             rows, I, H, L, D, "backward", dx

@@ -187,58 +187,36 @@ def reference64(shape: dict, case: dict) -> dict:
 
 
 def _gemm_items(sh: Shape) -> dict:
-    """Closures running the GEMMs of the backward / forward of ``sh`` (float32, numpy.matmul)."""
+    """Closures running the GEMMs of the backward (with / without layer 0's dx) and of the
+    forward of ``sh`` alone: numpy.matmul on float32 arrays into preallocated outputs."""
     rng = np.random.default_rng(1)
-    f32 = np.float32
-    h, g = sh.H, 4 * sh.H
     bs = sh.batch_sizes()
     steps = [int(v) for v in bs] if bs is not None else [sh.B] * sh.T
-    rows = sum(steps)
-
-    def r(*s):
-        return rng.standard_normal(s).astype(f32)
-
-    per = []
+    starts, rows, h, g = np.cumsum([0, *steps]).tolist(), sum(steps), sh.H, 4 * sh.H
+    sizes = {"w_ih": (g, "i"), "w_hh": (g, h), "dG": (rows, g), "xh": (rows, "i+h"),
+             "x": (rows, "i"), "h": (sh.B, h), "dh": (sh.B, h), "dx": (rows, "i"),
+             "dw": (g, "i+h"), "gx": (rows, g), "gh": (sh.B, g)}  # fmt: skip
+    per = []  # per (layer, direction); dG: gate gradients, xh: layer input | h_prev
     for layer in range(sh.L):
-        il = sh.input_size(layer)
+        dim = {"i": sh.input_size(layer), "i+h": sh.input_size(layer) + h}
         for _ in range(sh.D):
-            per.append(
-                {
-                    "layer": layer,
-                    "w_ih": r(g, il),
-                    "w_hh": r(g, h),
-                    "dG": r(rows, g),  # [rows, 4H] gate gradients
-                    "xh": r(rows, il + h),  # [rows, I_l + H] layer input | h_prev
-                    "x": r(rows, il),
-                    "dh": np.empty((sh.B, h), f32),
-                    "dx": np.empty((rows, il), f32),
-                    "dw": np.empty((g, il + h), f32),
-                    "gates_x": np.empty((rows, g), f32),
-                    "gates_h": np.empty((sh.B, g), f32),
-                    "h": r(sh.B, h),
-                }
-            )
-    offsets = np.cumsum([0, *steps]).tolist()
+            a = {k: rng.standard_normal([dim.get(v, v) for v in s]).astype(np.float32)
+                 for k, s in sizes.items()}  # fmt: skip
+            per.append((layer, a))
 
     def bwd(dx_layer0: bool) -> None:
-        mm = np.matmul
-        for p in per:
-            dG = p["dG"]
-            for t in range(len(steps)):
-                n = steps[t]
-                mm(dG[offsets[t] : offsets[t] + n], p["w_hh"], out=p["dh"][:n])  # [n,4H]x[4H,H]
-            if p["layer"] > 0 or dx_layer0:
-                mm(dG, p["w_ih"], out=p["dx"])  # [rows,4H]x[4H,I_l]
-            mm(dG.T, p["xh"], out=p["dw"])  # [4H,rows]x[rows,I_l+H]
+        for layer, a in per:
+            for t, n in enumerate(steps):  # [n,4H]x[4H,H]
+                np.matmul(a["dG"][starts[t] : starts[t] + n], a["w_hh"], out=a["dh"][:n])
+            if layer > 0 or dx_layer0:
+                np.matmul(a["dG"], a["w_ih"], out=a["dx"])  # [rows,4H]x[4H,I_l]
+            np.matmul(a["dG"].T, a["xh"], out=a["dw"])  # [4H,rows]x[rows,I_l+H]
 
     def fwd() -> None:
-        mm = np.matmul
-        for p in per:
-            mm(p["x"], p["w_ih"].T, out=p["gates_x"])  # [rows,I_l]x[I_l,4H]
-            w_hh_t = p["w_hh"].T
-            for t in range(len(steps)):
-                n = steps[t]
-                mm(p["h"][:n], w_hh_t, out=p["gates_h"][:n])  # [n,H]x[H,4H]
+        for _, a in per:
+            np.matmul(a["x"], a["w_ih"].T, out=a["gx"])  # [rows,I_l]x[I_l,4H]
+            for n in steps:  # [n,H]x[H,4H]
+                np.matmul(a["h"][:n], a["w_hh"].T, out=a["gh"][:n])
 
     return {
         "gemm_bwd": (lambda _: bwd(True), None),

@@ -6,12 +6,9 @@
     its input and its training in float16)
 
 Started twice by benchmarks/train_step.py; speaks the JSON-lines protocol of _protocol.py. The
-model of one shape is ``Linear(I, I) -> LSTM(I, H, L, D) -> Linear(D*H, 64)``, float32 (or
-float16), time-major, built under ``torch.manual_seed`` in float32 and then converted, so both workers hold the same weights (the
-lstmgrad LSTM is a subclass of torch.nn.LSTM whose constructor draws the same random numbers;
-``setup`` and ``gate`` return a hash of the state_dict so the parent can check). One training
-step is ``zero_grad(set_to_none=True)``, forward, cross-entropy against fixed random targets
-(one per valid time step), backward and ``SGD(lr=1e-3, momentum=0.9).step()``.
+model and training step are described in benchmarks/README.md, "Training step"; both workers
+build it under ``torch.manual_seed`` and return a hash of its state_dict, so the parent can
+check they hold the same weights.
 
 Timed items of the current shape:
 
