@@ -136,16 +136,15 @@ def gemm_peak(lib: str, dtype: str = "float32", budget_s: float = PEAK_BUDGET_S)
     its own (see :func:`probe_machine`)."""
     rng = np.random.default_rng(0)
     mm: Any = np.matmul
+    conv: Any = np.asarray
     if lib == "torch":
         import torch
 
-        mm = torch.mm
+        mm, conv = torch.mm, torch.from_numpy
     gemms = PEAK_GEMMS_F16 if dtype == "float16" else PEAK_GEMMS
     products = {}
     for m, k, n in gemms:
-        a, b, c = (rng.standard_normal(s).astype(dtype) for s in ((m, k), (k, n), (m, n)))
-        if lib == "torch":
-            a, b, c = (torch.from_numpy(v) for v in (a, b, c))
+        a, b, c = (conv(rng.standard_normal(s).astype(dtype)) for s in ((m, k), (k, n), (m, n)))
         end = time.perf_counter() + budget_s / len(gemms)
         t0 = time.perf_counter()
         mm(a, b, out=c)  # warm-up: thread pool start, packing buffers

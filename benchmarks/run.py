@@ -211,7 +211,7 @@ def measure_shape(
         "shape": sh.to_dict(),
         "label": sh.label(),
         "lengths": sh.lengths().tolist() if sh.varlen else None,
-        "batch_sizes": sh.batch_sizes().tolist() if sh.varlen else None,
+        "batch_sizes": None if (bs := sh.batch_sizes()) is None else bs.tolist(),
         "torch_paths": tset["paths"],
         "warmup_s": warm,
         "reps": reps,

@@ -103,7 +103,7 @@ def gate(tw: Worker, lw: Worker, dtype: str) -> dict:
         # float16: against the model's largest gradient, since the tiny gradients deep in a
         # stack round differently when torch rounds every step to float16 and lstmgrad does not
         scale = max(float(np.max(np.abs(g))) for g in g_want.values())
-        errs = {
+        errs: dict[str, Any] = {
             "losses": max(map(rel_err, got["losses"], want["losses"])),
             "gradients": {n: rel_err(g_got.get(n), g) * (float(np.max(np.abs(g))) / scale
                           if dtype == "float16" else 1.0) for n, g in g_want.items()},
