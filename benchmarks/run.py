@@ -86,10 +86,6 @@ class Config:
 
 
 def worker_lines(t: dict, lg: dict) -> list[str]:
-    blas = lg["numpy_blas"]
-    if isinstance(blas, dict):
-        conf = blas.get("openblas configuration")
-        blas = f"{blas.get('name')} {blas.get('version')}" + (f" [{conf}]" if conf else "")
     if lg["input"] == "tensors":
         inp = f"torch {lg['torch']} tensors, lstmgrad's GEMMs on torch ({lg['torch_threads']} threads)"
     else:
@@ -97,8 +93,8 @@ def worker_lines(t: dict, lg: dict) -> list[str]:
     return [
         f"torch    worker: {t['num_threads']} threads (interop {t['num_interop_threads']}), "
         f"mkldnn enabled {t['mkldnn_enabled']}",
-        f"lstmgrad {lg['lstmgrad']} engine fused; NumPy {lg['numpy']} BLAS {blas}, OpenBLAS "
-        f"threads {lg['openblas_threads']}; Numba {lg['numba']} ({lg['numba_threads']} threads)",
+        f"lstmgrad {lg['lstmgrad']} engine fused; NumPy {lg['numpy']} (its BLAS: the probe's "
+        f"NumPy line); Numba {lg['numba']} ({lg['numba_threads']} threads)",
         f"input    {lg['input']}: {inp}",
     ]
 

@@ -56,16 +56,6 @@ def _lg():
     return lstmgrad
 
 
-def _openblas_threads() -> int | None:
-    """OpenBLAS's thread count (None without threadpoolctl, which the bench extra installs)."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        return None
-    return next((int(d["num_threads"]) for d in threadpool_info()
-                 if d.get("internal_api") == "openblas"), None)  # fmt: skip
-
-
 def info() -> dict:
     lg = _lg()
     out: dict[str, Any] = {
@@ -80,21 +70,10 @@ def info() -> dict:
 
         out["torch"] = torch.__version__
         out["torch_threads"] = torch.get_num_threads()
-    try:
-        cfg = np.show_config(mode="dicts")
-        blas = cfg["Build Dependencies"]["blas"]
-        out["numpy_blas"] = {k: blas.get(k) for k in ("name", "version", "openblas configuration")}
-    except Exception as exc:  # show_config's layout differs across NumPy versions
-        out["numpy_blas"] = f"unavailable: {exc!r}"
-    out["openblas_threads"] = _openblas_threads()
-    try:
-        import numba
+    import numba
 
-        out["numba"] = numba.__version__
-        out["numba_threads"] = numba.get_num_threads()
-        out["numba_threading_layer"] = numba.config.THREADING_LAYER
-    except ImportError:
-        out["numba"] = None
+    out.update(numba=numba.__version__, numba_threads=numba.get_num_threads())
+    out["numba_threading_layer"] = numba.config.THREADING_LAYER
     return out
 
 
