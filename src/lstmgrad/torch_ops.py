@@ -36,6 +36,7 @@ from .api import run_backward, run_forward
 from .contract import check_backward, check_forward
 from .errors import LstmInvalidArgumentError
 from .tensors import to_numpy, torch_gemm
+from . import torch_grad
 
 __all__ = ["lstm", "lstm_forward", "lstm_backward"]
 
@@ -217,19 +218,6 @@ def _(
     )
 
 
-def _no_double_backward(ctx: Any, *grads: Any) -> Any:
-    raise RuntimeError(
-        "lstmgrad::lstm_backward: double backward (a gradient of the LSTM's gradients, e.g. "
-        "torch.autograd.grad(..., create_graph=True) followed by another backward) is not "
-        "implemented"
-    )
-
-
-def _backward_setup(ctx: Any, inputs: Any, output: Any) -> None:
-    pass
-
-
-lstm_backward.register_autograd(_no_double_backward, setup_context=_backward_setup)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,11 +251,18 @@ def _forward_backward(
     mask = [bool(need_x), bool(need_h0), bool(need_c0), bool(need_w)]
     if not any(mask):
         return (None,) * (6 + len(_FLAGS))
-    dx, dh_prev, dc_prev, dparams = torch.ops.lstmgrad.lstm_backward(
+    args = (
         input, params, h0, c0, dy, dh, dc, saved, batch_sizes, dropout_masks,
         flags["has_bias"], flags["num_layers"], flags["dropout"], flags["train"],
         flags["bidirectional"], flags["batch_first"], mask,
     )  # fmt: skip
+    if torch_grad.is_legacy_batched(dy, dh, dc):
+        flat_args = (args[0], torch_grad.flatten_params(params), *args[2:])
+        dx, dh_prev, dc_prev, flat = torch.ops.lstmgrad.lstm_backward_flat(*flat_args)
+        shapes = [p.shape for p in params]
+        dparams = torch_grad.unflatten_params(flat, shapes) if need_w else []
+    else:
+        dx, dh_prev, dc_prev, dparams = torch.ops.lstmgrad.lstm_backward(*args)
     return (
         dx if need_x else None,
         list(dparams) if need_w else None,
@@ -280,10 +275,25 @@ def _forward_backward(
 
 
 lstm_forward.register_autograd(_forward_backward, setup_context=_forward_setup)
+# double backward (the backward op's own autograd) and the vmap rules of both ops
+torch_grad.register(lstm_forward, lstm_backward)
 
 
 # ---------------------------------------------------------------------------------------------
 # the differentiable functional form
+
+
+def _transformed(input: Tensor, params: Sequence[Tensor], h0: Tensor, c0: Tensor) -> bool:
+    """True under a torch.func transform or with forward-mode AD tangents: a custom op's own
+    autograd formula supports neither, an autograd.Function does."""
+    if torch.compiler.is_compiling():
+        return False
+    if torch._C._are_functorch_transforms_active():
+        return True
+    return any(
+        torch.autograd.forward_ad.unpack_dual(t).tangent is not None
+        for t in (input, h0, c0, *params)
+    )
 
 
 def lstm(
@@ -345,6 +355,9 @@ def lstm(
         or any(p.requires_grad for p in params)
     )  # fmt: skip
     save = bool(needs_grad or applies)
+    if _transformed(input, params, h0, c0):
+        flags = (has_bias, num_layers, dropout if applies else 0.0, save, bidirectional, batch_first)
+        return torch_grad.lstm_function(input, params, h0, c0, batch_sizes, masks, flags)
     output, h_n, c_n, _ = torch.ops.lstmgrad.lstm_forward(
         input, list(params), h0, c0, batch_sizes, masks, has_bias, num_layers,
         dropout if applies else 0.0, save, bidirectional, batch_first,
