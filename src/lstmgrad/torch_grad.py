@@ -15,8 +15,8 @@ Registered on the ops by :mod:`lstmgrad.torch_ops`; nothing here is public API.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -153,14 +153,18 @@ def second_order(
     def first_order(
         x: Tensor, ps: list[Tensor], h: Tensor, c: Tensor, given: list[Tensor]
     ) -> tuple[Any, ...]:
-        outs, vjp = torch.func.vjp(forward, x, ps, h, c)
+        outs, vjp = torch.func.vjp(forward, x, ps, h, c)[:2]
         it = iter(given)
-        cot = tuple(next(it) if p else torch.zeros_like(o) for o, p in zip(outs, present))
+        cot = tuple(
+            next(it) if p else torch.zeros_like(o) for o, p in zip(outs, present, strict=True)
+        )
         dx, dps, dh0, dc0 = vjp(cot)
-        return tuple(r for r, g in zip((dx, dps, dh0, dc0), cotangents) if g is not None)
+        return tuple(
+            r for r, g in zip((dx, dps, dh0, dc0), cotangents, strict=True) if g is not None
+        )
 
     given = [g for g in (dy, dh, dc) if g is not None]
-    _, vjp2 = torch.func.vjp(first_order, input, list(params), h0, c0, given)
+    vjp2 = torch.func.vjp(first_order, input, list(params), h0, c0, given)[1]
     d_x, d_ps, d_h0, d_c0, d_given = vjp2(tuple(g for g in cotangents if g is not None))
     it = iter(d_given)
     d_dy, d_dh, d_dc = (next(it) if p else None for p in present)
@@ -241,7 +245,9 @@ class _Forward(torch.autograd.Function):
         )  # fmt: skip
 
     @staticmethod
-    def jvp(ctx: Any, t_input: Any, t_h0: Any, t_c0: Any, _b: Any, _m: Any, _f: Any, *t_ps: Any) -> Any:
+    def jvp(
+        ctx: Any, t_input: Any, t_h0: Any, t_c0: Any, _b: Any, _m: Any, _f: Any, *t_ps: Any
+    ) -> Any:
         input, h0, c0, batch_sizes, masks, *params = ctx.saved_tensors
         has_bias, num_layers, _dropout, _train, bidirectional, batch_first = ctx.flags
 
@@ -256,7 +262,8 @@ class _Forward(torch.autograd.Function):
             _zeros_if_none(t_h0, h0),
             _zeros_if_none(t_c0, c0),
         )
-        _, (t_out, t_hy, t_cy) = torch.func.jvp(forward, (input, list(params), h0, c0), tangents)
+        primals = (input, list(params), h0, c0)
+        t_out, t_hy, t_cy = torch.func.jvp(forward, primals, tangents)[1]
         return t_out, t_hy, t_cy, None
 
 
@@ -360,6 +367,7 @@ def _empty_or(t: Tensor, dim: int) -> int | None:
 def _loop(op: Callable[..., Any], n: int, in_dims: Any, args: tuple[Any, ...]) -> Any:
     """The op once per index of the vmapped dimension, results stacked at 0 (an empty result,
     an output switched off, is returned once with out_dim None)."""
+
     def pick(a: Any, d: Any, j: int) -> Any:
         if isinstance(a, (list, tuple)) and isinstance(d, (list, tuple)):
             return [pick(e, de, j) for e, de in zip(a, d, strict=True)]
@@ -368,7 +376,8 @@ def _loop(op: Callable[..., Any], n: int, in_dims: Any, args: tuple[Any, ...]) -
     results = [op(*(pick(a, d, j) for a, d in zip(args, in_dims, strict=True))) for j in range(n)]
     flat = [pytree.tree_flatten(r)[0] for r in results]
     spec = pytree.tree_flatten(results[0])[1]
-    stacked, dims = [], []
+    stacked: list[Tensor] = []
+    dims: list[int | None] = []
     for parts in zip(*flat, strict=True):
         if _empty_or(parts[0], 0) is None:
             stacked.append(parts[0])
@@ -419,7 +428,7 @@ def _backward_vmap(info: Any, in_dims: Any, *args: Any) -> Any:
     if output_mask[3] or not (_shared(pd) and bd is None):
         return _loop(op, n, in_dims, args)
     batch_first = flags[5]
-    steps = saved.shape[2 if sd is None else 3]
+    steps = 0 if batch_sizes is None else batch_sizes.shape[0]
 
     def rows(t: Tensor | None, d: int | None) -> Tensor | None:
         if t is None:
@@ -530,9 +539,7 @@ def _(
 
 def is_legacy_batched(*tensors: Tensor | None) -> bool:
     """True if any tensor is batched by the legacy vmap (autograd's ``is_grads_batched``)."""
-    return any(
-        t is not None and torch._C._functorch.is_legacy_batchedtensor(t) for t in tensors
-    )
+    return any(t is not None and torch._C._functorch.is_legacy_batchedtensor(t) for t in tensors)
 
 
 def flatten_params(params: Sequence[Tensor]) -> Tensor:

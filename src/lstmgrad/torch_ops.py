@@ -2,8 +2,9 @@
 
 Both ops run the fused engine on the tensors' own memory (zero copy in, zero copy out, GEMMs on
 torch's BLAS). Each has a fake (meta) implementation, so torch.compile traces them without a
-graph break, and the forward has an autograd formula that calls the backward op. :func:`lstm` is
-the differentiable functional form that :class:`lstmgrad.nn.LSTM` uses.
+graph break, and the forward has an autograd formula that calls the backward op. The backward
+op's own gradient (double backward) and both ops' vmap rules are in :mod:`lstmgrad.torch_grad`.
+:func:`lstm` is the differentiable functional form that :class:`lstmgrad.nn.LSTM` uses.
 
 Schemas (legend of :func:`lstmgrad.lstm_backward`; K = L*D)::
 
@@ -32,11 +33,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from . import torch_grad
 from .api import run_backward, run_forward
 from .contract import check_backward, check_forward
 from .errors import LstmInvalidArgumentError
 from .tensors import to_numpy, torch_gemm
-from . import torch_grad
 
 __all__ = ["lstm", "lstm_forward", "lstm_backward"]
 
@@ -218,8 +219,6 @@ def _(
     )
 
 
-
-
 # ---------------------------------------------------------------------------------------------
 # autograd of lstmgrad::lstm_forward
 
@@ -283,17 +282,21 @@ torch_grad.register(lstm_forward, lstm_backward)
 # the differentiable functional form
 
 
-def _transformed(input: Tensor, params: Sequence[Tensor], h0: Tensor, c0: Tensor) -> bool:
-    """True under a torch.func transform or with forward-mode AD tangents: a custom op's own
-    autograd formula supports neither, an autograd.Function does."""
+def _route(input: Tensor, params: Sequence[Tensor], h0: Tensor, c0: Tensor) -> str:
+    """Which path runs: "op" normally; "function" under a torch.func transform (which takes an
+    autograd.Function with setup_context, not a custom op's own autograd formula); "torch" with
+    forward-mode AD tangents outside torch.func (a jvp rule cannot open the nested dual level it
+    would need)."""
     if torch.compiler.is_compiling():
-        return False
+        return "op"
     if torch._C._are_functorch_transforms_active():
-        return True
-    return any(
+        return "function"
+    if any(
         torch.autograd.forward_ad.unpack_dual(t).tangent is not None
         for t in (input, h0, c0, *params)
-    )
+    ):
+        return "torch"
+    return "op"
 
 
 def lstm(
@@ -318,6 +321,10 @@ def lstm(
     ``torch.manual_seed`` reproduces them) and the gradient uses exactly those masks. The
     activations are saved only when a gradient may be asked for (grad mode on and some input
     requiring grad).
+
+    Under a torch.func transform the same ops run through autograd.Functions, and with
+    forward-mode AD tangents (outside torch.func) the torch-operations LSTM runs instead (see
+    :mod:`lstmgrad.torch_grad`).
 
     Example:
         >>> import torch
@@ -355,9 +362,16 @@ def lstm(
         or any(p.requires_grad for p in params)
     )  # fmt: skip
     save = bool(needs_grad or applies)
-    if _transformed(input, params, h0, c0):
-        flags = (has_bias, num_layers, dropout if applies else 0.0, save, bidirectional, batch_first)
+    route = _route(input, params, h0, c0)
+    if route == "function":
+        p = dropout if applies else 0.0
+        flags = (has_bias, num_layers, p, save, bidirectional, batch_first)
         return torch_grad.lstm_function(input, params, h0, c0, batch_sizes, masks, flags)
+    if route == "torch":
+        return torch_grad.torch_lstm(
+            input, params, h0, c0, batch_sizes, masks, has_bias, num_layers, bidirectional,
+            batch_first,
+        )  # fmt: skip
     output, h_n, c_n, _ = torch.ops.lstmgrad.lstm_forward(
         input, list(params), h0, c0, batch_sizes, masks, has_bias, num_layers,
         dropout if applies else 0.0, save, bidirectional, batch_first,
