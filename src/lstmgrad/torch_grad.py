@@ -77,10 +77,10 @@ def torch_lstm(
             if biases:
                 pre = pre + (biases[0] + biases[1])
             h, c = h0[k].to(work), c0[k].to(work)
+            w_hh_t = w_hh.t()  # once, not a transpose node per step
             ys: list[Tensor] = [x.new_zeros(())] * steps
             for t in range(steps - 1, -1, -1) if d else range(steps):
-                gates = pre[t] + h @ w_hh.T
-                i, f, g, o = gates.chunk(4, dim=-1)
+                i, f, g, o = torch.addmm(pre[t], h, w_hh_t).unsafe_chunk(4, dim=-1)
                 c_t = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
                 h_t = torch.sigmoid(o) * torch.tanh(c_t)
                 if valid is None:
