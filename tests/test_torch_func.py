@@ -169,16 +169,19 @@ def test_gradient_penalty_low_precision_close_to_float64(dtype, tol):
         assert err < tol
 
 
-def test_third_order_through_torch_func():
-    # jacrev(jacrev) nests the backward's own gradient under torch.func
+@pytest.mark.parametrize(
+    "second", [lambda f: jacrev(jacrev(f)), torch.func.hessian], ids=["jacrev-jacrev", "hessian"]
+)
+def test_second_order_through_torch_func(second):
+    # the backward's own gradient (jacrev) and forward-mode derivative (hessian's jacfwd)
     ref, ours = pair(2, 3, 1, True)
     x = torch.randn(3, 1, 2, dtype=F64)
 
     def scalar(m):
         return lambda x: (m(x)[0] ** 2).sum()
 
-    want = jacrev(jacrev(scalar(ref)))(x)
-    got = jacrev(jacrev(scalar(ours)))(x)
+    want = second(scalar(ref))(x)
+    got = second(scalar(ours))(x)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 

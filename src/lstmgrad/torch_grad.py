@@ -201,6 +201,17 @@ def _zeros_if_none(t: Tensor | None, like: Tensor) -> Tensor:
     return torch.zeros_like(like) if t is None else t
 
 
+class _Static:
+    """Non-tensor arguments as one opaque pytree leaf: functorch's generated rules for an
+    autograd.Function line tangents up with the flattened arguments, so a tuple would be
+    miscounted."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Sequence[Any]) -> None:
+        self.value = tuple(value)
+
+
 class _Forward(torch.autograd.Function):
     """``lstmgrad::lstm_forward`` for torch.func transforms (grad, vjp, jacrev, jvp, jacfwd,
     vmap), which accept an autograd.Function with ``setup_context`` but not a custom op's own
@@ -211,16 +222,16 @@ class _Forward(torch.autograd.Function):
     @staticmethod
     def forward(
         input: Tensor, h0: Tensor, c0: Tensor, batch_sizes: Tensor | None,
-        masks: Tensor | None, flags: tuple[Any, ...], *params: Tensor,
+        masks: Tensor | None, flags: _Static, *params: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
         return torch.ops.lstmgrad.lstm_forward(  # type: ignore[no-any-return]
-            input, list(params), h0, c0, batch_sizes, masks, *flags
+            input, list(params), h0, c0, batch_sizes, masks, *flags.value
         )
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
         input, h0, c0, batch_sizes, masks, flags, *params = inputs
-        ctx.flags = flags
+        ctx.flags = flags.value
         ctx.mark_non_differentiable(output[3])
         ctx.save_for_backward(input, h0, c0, output[3], batch_sizes, masks, *params)
         ctx.save_for_forward(input, h0, c0, batch_sizes, masks, *params)
@@ -236,8 +247,9 @@ class _Forward(torch.autograd.Function):
         need = ctx.needs_input_grad
         mask = (need[0], need[1], need[2], any(need[6:]))
         grads = _Backward.apply(
-            input, h0, c0, dy, dh, dc, saved, batch_sizes, masks, ctx.flags, mask, *params
-        )
+            input, h0, c0, dy, dh, dc, saved, batch_sizes, masks, _Static(ctx.flags),
+            _Static(mask), *params,
+        )  # fmt: skip
         dx, dh0, dc0, *dps = grads
         return (
             dx if mask[0] else None, dh0 if mask[1] else None, dc0 if mask[2] else None,
@@ -277,22 +289,23 @@ class _Backward(torch.autograd.Function):
     def forward(
         input: Tensor, h0: Tensor, c0: Tensor, dy: Tensor, dh: Tensor, dc: Tensor,
         saved: Tensor, batch_sizes: Tensor | None, masks: Tensor | None,
-        flags: tuple[Any, ...], output_mask: tuple[bool, ...], *params: Tensor,
+        flags: _Static, output_mask: _Static, *params: Tensor,
     ) -> tuple[Tensor, ...]:  # fmt: skip
         dx, dh0, dc0, dps = torch.ops.lstmgrad.lstm_backward(
-            input, list(params), h0, c0, dy, dh, dc, saved, batch_sizes, masks, *flags,
-            list(output_mask),
+            input, list(params), h0, c0, dy, dh, dc, saved, batch_sizes, masks, *flags.value,
+            list(output_mask.value),
         )  # fmt: skip
-        if not output_mask[3]:
+        if not output_mask.value[3]:
             dps = [torch.zeros_like(p) for p in params]
         return (dx, dh0, dc0, *dps)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
         input, h0, c0, dy, dh, dc, _s, batch_sizes, masks, flags, output_mask, *params = inputs
-        ctx.flags = flags
-        ctx.output_mask = output_mask
+        ctx.flags = flags.value
+        ctx.output_mask = output_mask.value
         ctx.save_for_backward(input, h0, c0, dy, dh, dc, batch_sizes, masks, *params)
+        ctx.save_for_forward(input, h0, c0, dy, dh, dc, batch_sizes, masks, *params)
 
     @staticmethod
     def backward(ctx: Any, gx: Tensor, gh: Tensor, gc: Tensor, *gparams: Tensor) -> Any:
@@ -309,6 +322,49 @@ class _Backward(torch.autograd.Function):
             *(d_ps if d_ps is not None else [None] * len(params)),
         )  # fmt: skip
 
+    @staticmethod
+    def jvp(
+        ctx: Any, t_input: Any, t_h0: Any, t_c0: Any, t_dy: Any, t_dh: Any, t_dc: Any,
+        _ts: Any, _tb: Any, _tm: Any, _tf: Any, _to: Any, *t_ps: Any,
+    ) -> Any:  # fmt: skip
+        input, h0, c0, dy, dh, dc, batch_sizes, masks, *params = ctx.saved_tensors
+        has_bias, num_layers, _dropout, _train, bidirectional, batch_first = ctx.flags
+
+        def backward(
+            x: Tensor, ps: list[Tensor], h: Tensor, c: Tensor, gy: Tensor, gh: Tensor, gc: Tensor
+        ) -> tuple[Any, ...]:
+            def forward(x: Tensor, ps: list[Tensor], h: Tensor, c: Tensor) -> tuple[Tensor, ...]:
+                return torch_lstm(
+                    x, ps, h, c, batch_sizes, masks, has_bias, num_layers, bidirectional,
+                    batch_first,
+                )  # fmt: skip
+
+            outs, vjp = torch.func.vjp(forward, x, ps, h, c)[:2]
+            dx, dps, dh0, dc0 = vjp((gy, gh, gc))
+            return dx, dh0, dc0, dps
+
+        outs = torch_lstm(
+            input, params, h0, c0, batch_sizes, masks, has_bias, num_layers, bidirectional,
+            batch_first,
+        )  # fmt: skip
+        cots = [_zeros_if_none(g, o) for g, o in zip((dy, dh, dc), outs, strict=True)]
+        primals = (input, list(params), h0, c0, *cots)
+        tangents = (
+            _zeros_if_none(t_input, input),
+            [_zeros_if_none(t, p) for t, p in zip(t_ps, params, strict=True)],
+            _zeros_if_none(t_h0, h0),
+            _zeros_if_none(t_c0, c0),
+            *(_zeros_if_none(t, g) for t, g in zip((t_dy, t_dh, t_dc), cots, strict=True)),
+        )
+        t_dx, t_dh0, t_dc0, t_dps = torch.func.jvp(backward, primals, tangents)[1]
+        mask = ctx.output_mask
+        return (
+            t_dx if mask[0] else input.new_zeros(0),
+            t_dh0 if mask[1] else h0.new_zeros(0),
+            t_dc0 if mask[2] else c0.new_zeros(0),
+            *(t_dps if mask[3] else [torch.zeros_like(p) for p in params]),
+        )
+
 
 def lstm_function(
     input: Tensor,
@@ -321,7 +377,7 @@ def lstm_function(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``lstmgrad::lstm_forward``'s output, hy, cy through :class:`_Forward` (the path taken
     under torch.func transforms and forward-mode AD)."""
-    out, hy, cy, _ = _Forward.apply(input, h0, c0, batch_sizes, masks, tuple(flags), *params)
+    out, hy, cy, _ = _Forward.apply(input, h0, c0, batch_sizes, masks, _Static(flags), *params)
     return out, hy, cy
 
 
