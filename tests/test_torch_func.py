@@ -185,6 +185,23 @@ def test_second_order_through_torch_func(second):
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
+def test_third_order_with_autograd_matches_torch():
+    # create_graph=True twice: the double backward's result is differentiable again
+    ref, ours = pair(2, 3, 2, True)
+    x = torch.randn(3, 2, 2, dtype=F64, requires_grad=True)
+
+    def third(m):
+        y = m(x)[0]
+        (g1,) = torch.autograd.grad((y**3).sum(), x, create_graph=True)
+        (g2,) = torch.autograd.grad((g1**2).sum(), x, create_graph=True)
+        return torch.autograd.grad((g2**2).sum(), [x, m.weight_hh_l0])
+
+    want, got = third(ref), third(ours)
+    for a, b in zip(got, want, strict=True):
+        assert b.abs().max() > 0
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9 * float(b.abs().max()))
+
+
 def test_torch_lstm_matches_the_fused_op():
     # the second-order path's forward is the op's forward
     ref, ours = pair(3, 4, 3, True)

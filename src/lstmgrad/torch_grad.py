@@ -51,7 +51,7 @@ def torch_lstm(
     output gradient through. float16 is computed in float32; the results keep input's dtype.
     """
     dtype = input.dtype
-    work = torch.float32 if dtype == torch.float16 else dtype
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     num_dirs = 2 if bidirectional else 1
     per = 4 if has_bias else 2
     hidden = params[1].shape[1]
