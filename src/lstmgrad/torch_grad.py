@@ -9,6 +9,11 @@
 - vmap: a batched call of either op whose weights (and batch_sizes) are shared and whose
   results do not include the weight gradients folds the vmapped dimension into the LSTM batch
   (one call on B*N rows); any other batched call loops over the vmapped dimension.
+- torch.func: its transforms refuse a custom op's own autograd formula, so under them the two
+  ops run inside autograd.Functions with ``setup_context``, a jvp rule and generated vmap rules
+  (:func:`lstm_function`).
+- ``lstmgrad::lstm_backward_flat``: the backward op without tensor lists, for autograd's
+  batched gradients (``is_grads_batched``), which use PyTorch's older vmap.
 
 Registered on the ops by :mod:`lstmgrad.torch_ops`; nothing here is public API.
 """
