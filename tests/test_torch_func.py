@@ -436,3 +436,11 @@ def test_opcheck_backward_flat(mask):
         assert torch.equal(a, w)
     want_flat = torch.cat([p.reshape(-1) for p in want[3]]) if mask[3] else got[3].new_empty(0)
     assert torch.equal(got[3], want_flat)
+
+
+def test_gradgradcheck_check_batched_grad():
+    _, ours = pair(2, 2, 1, True)
+    x, h0, c0, *_ = dense_inputs(ours, t=2)
+    assert torch.autograd.gradgradcheck(
+        lambda x, h0: ours(x, (h0, c0.detach()))[0], (x, h0), check_batched_grad=True
+    )
