@@ -60,7 +60,10 @@ class LSTM(torch.nn.LSTM):
       torch.nn.LSTM's); the gradient is exact for the masks drawn.
     - Tensors that are not on the CPU, or not float16/float32/float64, run torch.nn.LSTM's own
       forward unchanged.
-    - Double backward raises a RuntimeError.
+    - Double backward (``create_graph=True``) differentiates a torch-operations re-run of the
+      LSTM (the first-order gradient stays on the fused engine); vmap and torch.func
+      transforms work, unlike torch.nn.LSTM's vmap. See docs/contract.md, "Second
+      derivatives and torch.func".
     - Constructing one sets ``torch._dynamo.config.allow_rnn = True`` (process-wide), without
       which torch.compile refuses any torch.nn.LSTM subclass; see
       ``_let_dynamo_trace_lstm_modules``.
