@@ -295,7 +295,7 @@ def _route(input: Tensor, params: Sequence[Tensor], h0: Tensor, c0: Tensor) -> s
         return "op"
     if torch._C._are_functorch_transforms_active():
         return "function"
-    if any(
+    if getattr(torch.autograd.forward_ad, "_current_level", 0) >= 0 and any(  # no level, no tangent
         torch.autograd.forward_ad.unpack_dual(t).tangent is not None
         for t in (input, h0, c0, *params)
     ):
