@@ -146,3 +146,25 @@ def test_autocast_leaves_packed_sequences_in_float32_like_torch():
     for a, b, c in zip(outs[1], outs[0], (plain[0].data, *plain[1]), strict=True):
         assert a.dtype == b.dtype == torch.float32
         assert rel(a, c) <= 2e-5 and rel(b, c) <= 4 * BF16_EPS  # torch: bfloat16 products
+
+
+def test_bfloat16_packed_unsorted_is_float32_rounded_once():
+    torch.manual_seed(0)
+    m = LSTM(6, 8, num_layers=2, bidirectional=True).bfloat16()
+    m32 = LSTM(6, 8, num_layers=2, bidirectional=True)
+    m32.load_state_dict({k: v.float() for k, v in m.state_dict().items()})
+    seqs = [torch.randn(n, 6).bfloat16() for n in (3, 5, 1, 4)]
+    y, (h, c) = m(pack_sequence(seqs, enforce_sorted=False))
+    y32, (h32, c32) = m32(pack_sequence([s.float() for s in seqs], enforce_sorted=False))
+    for a, b in [(y.data, y32.data), (h, h32), (c, c32)]:
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b.bfloat16())
+
+
+def test_autocast_keeps_float64_like_torch():
+    ref, ours = pair(torch.float64)
+    x = torch.randn(5, 3, 6, dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y0 = ref(x)[0]
+        y1 = ours(x)[0]
+    assert y1.dtype == y0.dtype == torch.float64
+    assert rel(y1, y0) <= 1e-12

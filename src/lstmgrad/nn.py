@@ -204,8 +204,8 @@ class LSTM(torch.nn.LSTM):
 def _autocast(
     dtype: torch.dtype, input: Tensor, hx: tuple[Tensor, Tensor], weights: list[Tensor]
 ) -> tuple[Tensor, tuple[Tensor, Tensor], list[Tensor]]:
-    """The tensors as autocast's lower-precision policy casts them: float32 ones to ``dtype``
-    (float64 and others kept)."""
+    """The tensors as torch's CPU LSTM casts them under autocast: float32 ones to ``dtype``,
+    others kept."""
 
     def to(t: Tensor) -> Tensor:
         return t.to(dtype) if t.dtype == torch.float32 else t
