@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .errors import LstmInvalidArgumentError, torch_missing
+from .errors import torch_missing
 
 try:
     import torch
