@@ -12,7 +12,6 @@ torch = pytest.importorskip("torch")
 
 from torch.nn.utils.rnn import PackedSequence, pack_sequence  # noqa: E402
 
-import lstmgrad  # noqa: E402
 from lstmgrad.nn import LSTM  # noqa: E402
 
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5}
@@ -122,11 +121,40 @@ def test_state_dict_both_ways_and_names():
     assert rel(ours(x)[0], ref(x)[0]) <= 2e-5
 
 
-def test_proj_size_is_rejected_at_construction():
-    with pytest.raises(lstmgrad.LstmInvalidArgumentError) as exc:
-        LSTM(4, 6, proj_size=3)
-    assert exc.value.code == 161002 and exc.value.param == "proj_size"
-    assert "proj_size must be 0" in str(exc.value)
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["D1", "D2"])
+def test_proj_size_runs_torch_and_matches_it(bidirectional):
+    ref, ours = make_pair(torch.float64, num_layers=2, proj_size=3, bidirectional=bidirectional)
+    x = torch.randn(5, 4, I_SIZE, dtype=torch.float64, requires_grad=True)
+    k = 2 * (2 if bidirectional else 1)
+    hx = (torch.randn(k, 4, 3, dtype=torch.float64, requires_grad=True),
+          torch.randn(k, 4, H_SIZE, dtype=torch.float64, requires_grad=True))  # fmt: skip
+    (y0, h0, c0, g0), (y1, h1, c1, g1) = run(ref, x, hx), run(ours, x, hx)
+    for a, b in [(y1, y0), (h1, h0), (c1, c0), *zip(g1, g0, strict=True)]:
+        assert a.shape == b.shape and torch.equal(a, b)
+    assert "weight_hr_l0" in ours.state_dict()
+    back = torch.nn.LSTM(I_SIZE, H_SIZE, num_layers=2, proj_size=3, bidirectional=bidirectional)
+    back.double().load_state_dict(ours.state_dict())
+    assert all(torch.equal(p, q) for p, q in zip(back.parameters(), ref.parameters(), strict=True))
+
+
+@pytest.mark.parametrize(
+    "shape,batch_first", [((0, 3, 4), False), ((3, 0, 4), True), ((0, 4), False)]
+)
+def test_zero_time_steps_raise_like_torch(shape, batch_first):
+    """torch.nn.LSTM refuses an input with no time step; so does the drop-in (the core API
+    keeps its own T = 0 semantics, tested in tests/test_aclnn.py)."""
+    for cls in (torch.nn.LSTM, LSTM):
+        with pytest.raises(RuntimeError, match="Expected sequence length to be larger than 0"):
+            cls(4, 6, batch_first=batch_first)(torch.randn(*shape))
+
+
+def test_zero_batch_matches_torch():
+    ref, ours = make_pair(torch.float32, num_layers=2)
+    x = torch.randn(3, 0, I_SIZE, requires_grad=True)
+    (y0, h0, c0), (y1, h1, c1) = ([t for t in (r[0], *r[1])] for r in (ref(x), ours(x)))
+    assert y1.shape == y0.shape and h1.shape == h0.shape and c1.shape == c0.shape
+    y1.sum().backward()
+    assert x.grad.shape == x.shape
 
 
 def test_bad_inputs_raise_like_torch():
@@ -144,11 +172,12 @@ def test_bad_inputs_raise_like_torch():
         ours(packed, (torch.zeros(1, 3, 6), torch.zeros(1, 3, 6)))
 
 
+@pytest.mark.filterwarnings("ignore:Complex modules")
 def test_unsupported_dtype_runs_torch_forward():
-    ref = torch.nn.LSTM(4, 6).bfloat16()
-    ours = LSTM(4, 6).bfloat16()
+    ref = torch.nn.LSTM(4, 6).to(torch.complex64)
+    ours = LSTM(4, 6).to(torch.complex64)
     ours.load_state_dict(ref.state_dict())
-    x = torch.randn(3, 2, 4).bfloat16()
+    x = torch.randn(3, 2, 4, dtype=torch.complex64)
     assert torch.equal(ours(x)[0], ref(x)[0])
 
 
@@ -211,6 +240,23 @@ def test_compile_fullgraph_packed_unsorted():
     assert torch.equal(r1[0].unsorted_indices, r0[0].unsorted_indices)
     for a, b in [(r1[0].data, r0[0].data), (r1[1], r0[1]), *zip(r1[3], r0[3], strict=True)]:
         assert rel(a, b) <= 1e-10
+
+
+def test_compile_leaves_dynamo_alone_for_other_modules():
+    """Dynamo traces this class without the process-wide allow_rnn switch, which stays off:
+    a torch.nn.LSTM is still refused under fullgraph=True, with Dynamo's own message."""
+    import torch._dynamo.config
+
+    _, ours = make_pair(torch.float32)
+    assert torch._dynamo.config.allow_rnn is False
+    y = torch.compile(ours, backend="aot_eager", fullgraph=True)(torch.randn(3, 2, I_SIZE))[0]
+    assert y.shape == (3, 2, H_SIZE)
+    assert torch._dynamo.config.allow_rnn is False
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="Attempted to wrap RNN, GRU, or LSTM"):
+        torch.compile(torch.nn.LSTM(4, 6), backend="aot_eager", fullgraph=True)(
+            torch.randn(3, 2, 4)
+        )
 
 
 @pytest.mark.slow

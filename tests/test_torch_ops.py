@@ -1,5 +1,6 @@
 """The lstmgrad:: custom ops: torch.library.opcheck, gradcheck in float64 (finite differences),
-torch.compile fullgraph, and the errors of double backward / a forward that saved nothing."""
+torch.compile fullgraph, and the error of a forward that saved nothing (second derivatives and
+torch.func: test_torch_func.py)."""
 
 from __future__ import annotations
 
@@ -110,14 +111,6 @@ def test_compile_fullgraph_functional():
     got = torch.autograd.grad(compiled(x, h0, c0, ps), leaves)
     for a, b in zip(got, want, strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
-
-
-def test_double_backward_raises_clearly():
-    x, ps, h0, c0, bs, fl = case_args(CASES[0], requires_grad=True)
-    y = lstm(x, ps, (h0, c0), **fl)[0]
-    (gx,) = torch.autograd.grad(y.sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match="double backward .* is not implemented"):
-        gx.sum().backward()
 
 
 def test_no_grad_forward_saves_nothing():

@@ -9,9 +9,10 @@ it returns ``(output, (h_n, c_n))`` exactly as torch.nn.LSTM does.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from .errors import LstmInvalidArgumentError, torch_missing
+from .errors import torch_missing
 
 try:
     import torch
@@ -24,7 +25,7 @@ from .torch_ops import lstm
 
 __all__ = ["LSTM"]
 
-_DTYPES = (torch.float16, torch.float32, torch.float64)
+_DTYPES = (torch.float16, torch.float32, torch.float64, torch.bfloat16)
 
 
 def _packed_rows(batch_sizes: Tensor, batch: int) -> Tensor:
@@ -35,16 +36,43 @@ def _packed_rows(batch_sizes: Tensor, batch: int) -> Tensor:
     return torch.arange(steps * batch).masked_select(active.reshape(-1))
 
 
-def _let_dynamo_trace_lstm_modules() -> None:
-    """torch.compile refuses every torch.nn.LSTM instance, subclasses included, unless
-    ``torch._dynamo.config.allow_rnn`` is set; this forward is plain Python over custom ops with
-    fake implementations, which Dynamo traces whole (fullgraph=True, PackedSequence included).
-    The switch is process-wide: it also lets Dynamo trace plain torch.nn.RNN/GRU/LSTM modules
-    (experimental in PyTorch) instead of breaking the graph at them. Set here, at the first
-    construction, rather than at import: importing torch._dynamo takes ~1.5 s."""
-    import torch._dynamo.config
+def _let_dynamo_trace_this_class() -> None:
+    """Let torch.compile trace :class:`LSTM` instances, and only them.
 
-    torch._dynamo.config.allow_rnn = True
+    Dynamo refuses every torch.nn.RNN/GRU/LSTM instance, subclasses included (an isinstance
+    check when it wraps a module), unless the process-wide ``torch._dynamo.config.allow_rnn``
+    is set; this forward is plain Python over custom ops with fake implementations, which
+    Dynamo traces whole. So Dynamo's module wrapper is wrapped once per process to turn the
+    switch on while it wraps an instance of this class, and back off: every other module,
+    torch.nn.LSTM included, is wrapped exactly as before. Done at the first construction rather
+    than at import (importing torch._dynamo takes ~1.5 s). Where Dynamo's internals differ
+    (another torch), nothing is changed and torch.compile refuses the module with Dynamo's own
+    message, which names the switch.
+    """
+    global _dynamo_scoped
+    if _dynamo_scoped:
+        return
+    _dynamo_scoped = True
+    try:
+        import torch._dynamo.config as dynamo_config
+        from torch._dynamo.variables.builder import VariableBuilder
+    except ImportError:  # pragma: no cover - a torch without Dynamo
+        return
+    original = getattr(VariableBuilder, "wrap_module", None)
+    if original is None or not hasattr(dynamo_config, "allow_rnn"):  # pragma: no cover
+        return
+
+    @functools.wraps(original)
+    def wrap_module(self: Any, value: Any) -> Any:
+        if isinstance(value, LSTM) and not dynamo_config.allow_rnn:
+            with dynamo_config.patch(allow_rnn=True):
+                return original(self, value)
+        return original(self, value)
+
+    VariableBuilder.wrap_module = wrap_module  # type: ignore[method-assign]
+
+
+_dynamo_scoped = False
 
 
 class LSTM(torch.nn.LSTM):
@@ -53,17 +81,28 @@ class LSTM(torch.nn.LSTM):
     Arguments, attributes, inputs and outputs are those of :class:`torch.nn.LSTM`; see its
     documentation. Differences:
 
-    - ``proj_size > 0`` is outside the operator's contract: the constructor raises
-      :class:`lstmgrad.LstmInvalidArgumentError` (code 161002).
+    - ``proj_size > 0`` (LSTM with projections, outside the operator's contract) runs
+      torch.nn.LSTM's own forward: the same results as torch, at torch's speed.
+    - bfloat16 runs lstmgrad in float32: the bfloat16 input, state and weights are widened
+      (exactly), output, h_n and c_n are rounded to bfloat16, and so are the gradients of the
+      input, state and weights; the saved activations and the values passed from layer to
+      layer stay in float32 (docs/contract.md, "PyTorch drop-in").
+    - Under ``torch.autocast("cpu")`` a Tensor input (not a PackedSequence) is cast with its
+      state and float32 weights to the autocast dtype and run in it, as torch does for its LSTM
+      (float16 included, where torch's own CPU LSTM fails); a PackedSequence is not cast, as
+      in torch.
     - In training mode with ``dropout > 0``, the inter-layer dropout masks are drawn with
       ``torch.bernoulli`` (reproducible with ``torch.manual_seed``, but not the same draws as
       torch.nn.LSTM's); the gradient is exact for the masks drawn.
-    - Tensors that are not on the CPU, or not float16/float32/float64, run torch.nn.LSTM's own
-      forward unchanged.
-    - Double backward raises a RuntimeError.
-    - Constructing one sets ``torch._dynamo.config.allow_rnn = True`` (process-wide), without
-      which torch.compile refuses any torch.nn.LSTM subclass; see
-      ``_let_dynamo_trace_lstm_modules``.
+    - Tensors that are not on the CPU, or not float16/bfloat16/float32/float64, run
+      torch.nn.LSTM's own forward unchanged.
+    - Double backward (``create_graph=True``) differentiates a torch-operations re-run of the
+      LSTM (the first-order gradient stays on the fused engine); vmap and torch.func
+      transforms work, unlike torch.nn.LSTM's vmap. See docs/contract.md, "Second
+      derivatives and torch.func".
+    - torch.compile traces it without ``torch._dynamo.config.allow_rnn`` (which Dynamo needs
+      for torch's own RNN modules): the first construction lets Dynamo wrap instances of this
+      class, and only them; see ``_let_dynamo_trace_this_class``.
 
     Example:
         >>> import torch
@@ -78,33 +117,42 @@ class LSTM(torch.nn.LSTM):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if self.proj_size > 0:
-            raise LstmInvalidArgumentError(
-                f"lstmgrad.nn.LSTM: proj_size must be 0 (LSTM with projections is outside the "
-                f"aclnnLstmBackward contract), got {self.proj_size}",
-                "proj_size",
-            )
-        _let_dynamo_trace_lstm_modules()
+        _let_dynamo_trace_this_class()
 
     def _runs_here(self, input: Tensor) -> bool:
-        return input.device.type == "cpu" and input.dtype in _DTYPES
+        return self.proj_size == 0 and input.device.type == "cpu" and input.dtype in _DTYPES
 
     def _lstm(
-        self, input: Tensor, hx: tuple[Tensor, Tensor], batch_sizes: Tensor | None
+        self,
+        input: Tensor,
+        hx: tuple[Tensor, Tensor],
+        batch_sizes: Tensor | None,
+        cast: torch.dtype | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
+        """(output, h_n, c_n); ``cast``: the autocast dtype every float32 tensor is cast to."""
         weights: list[Tensor] = list(self._flat_weights)  # type: ignore[arg-type]
-        return lstm(
-            input,
-            weights,
-            hx,
-            batch_sizes,
-            has_bias=self.bias,
-            num_layers=self.num_layers,
-            dropout=float(self.dropout),
-            train=self.training,
-            bidirectional=self.bidirectional,
-            batch_first=self.batch_first and batch_sizes is None,
-        )
+        if cast is not None:
+            input, hx, weights = _autocast(cast, input, hx, weights)
+        wide = input.dtype == torch.bfloat16
+        if wide:  # computed in float32; the casts' own gradients round to bfloat16
+            input, hx = input.float(), (hx[0].float(), hx[1].float())
+            weights = [w.float() for w in weights]
+        with torch.autocast("cpu", enabled=False):  # the engine's own GEMMs stay as they are
+            y, h_n, c_n = lstm(
+                input,
+                weights,
+                hx,
+                batch_sizes,
+                has_bias=self.bias,
+                num_layers=self.num_layers,
+                dropout=float(self.dropout),
+                train=self.training,
+                bidirectional=self.bidirectional,
+                batch_first=self.batch_first and batch_sizes is None,
+            )
+        if wide:
+            return y.bfloat16(), h_n.bfloat16(), c_n.bfloat16()
+        return y, h_n, c_n
 
     def forward(self, input: Any, hx: Any = None) -> Any:  # noqa: D102 (torch.nn.LSTM's)
         data = input.data if isinstance(input, PackedSequence) else input
@@ -136,6 +184,9 @@ class LSTM(torch.nn.LSTM):
         batch_dim = 0 if self.batch_first else 1
         if not is_batched:
             input = input.unsqueeze(batch_dim)
+        if input.size(1 if self.batch_first else 0) == 0:
+            # torch's kernels refuse it; the core API's T = 0 (an empty output) stays for its users
+            raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
         if hx is None:
             batch = input.size(0) if self.batch_first else input.size(1)
             zeros = input.new_zeros(k, batch, self.hidden_size)
@@ -151,7 +202,20 @@ class LSTM(torch.nn.LSTM):
             if not is_batched:
                 hx = (hx[0].unsqueeze(1), hx[1].unsqueeze(1))
         self.check_forward_args(input, hx, None)
-        y, h_n, c_n = self._lstm(input, hx, None)
+        cast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+        y, h_n, c_n = self._lstm(input, hx, None, cast)
         if not is_batched:
             return y.squeeze(batch_dim), (h_n.squeeze(1), c_n.squeeze(1))
         return y, (h_n, c_n)
+
+
+def _autocast(
+    dtype: torch.dtype, input: Tensor, hx: tuple[Tensor, Tensor], weights: list[Tensor]
+) -> tuple[Tensor, tuple[Tensor, Tensor], list[Tensor]]:
+    """The tensors as torch's CPU LSTM casts them under autocast: float32 ones to ``dtype``,
+    others kept."""
+
+    def to(t: Tensor) -> Tensor:
+        return t.to(dtype) if t.dtype == torch.float32 else t
+
+    return to(input), (to(hx[0]), to(hx[1])), [to(w) for w in weights]

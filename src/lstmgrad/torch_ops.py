@@ -2,8 +2,9 @@
 
 Both ops run the fused engine on the tensors' own memory (zero copy in, zero copy out, GEMMs on
 torch's BLAS). Each has a fake (meta) implementation, so torch.compile traces them without a
-graph break, and the forward has an autograd formula that calls the backward op. :func:`lstm` is
-the differentiable functional form that :class:`lstmgrad.nn.LSTM` uses.
+graph break, and the forward has an autograd formula that calls the backward op. The backward
+op's own gradient (double backward) and both ops' vmap rules are in :mod:`lstmgrad.torch_grad`.
+:func:`lstm` is the differentiable functional form that :class:`lstmgrad.nn.LSTM` uses.
 
 Schemas (legend of :func:`lstmgrad.lstm_backward`; K = L*D)::
 
@@ -38,6 +39,7 @@ except ImportError as exc:  # PyTorch is the optional [torch] extra
     raise torch_missing("lstmgrad.torch_ops") from exc
 from torch import Tensor
 
+from . import torch_grad
 from .api import run_backward, run_forward
 from .contract import check_backward, check_forward
 from .tensors import to_numpy, torch_gemm
@@ -221,21 +223,6 @@ def _(
     )
 
 
-def _no_double_backward(ctx: Any, *grads: Any) -> Any:
-    raise RuntimeError(
-        "lstmgrad::lstm_backward: double backward (a gradient of the LSTM's gradients, e.g. "
-        "torch.autograd.grad(..., create_graph=True) followed by another backward) is not "
-        "implemented"
-    )
-
-
-def _backward_setup(ctx: Any, inputs: Any, output: Any) -> None:
-    pass
-
-
-lstm_backward.register_autograd(_no_double_backward, setup_context=_backward_setup)
-
-
 # ---------------------------------------------------------------------------------------------
 # autograd of lstmgrad::lstm_forward
 
@@ -267,11 +254,18 @@ def _forward_backward(
     mask = [bool(need_x), bool(need_h0), bool(need_c0), bool(need_w)]
     if not any(mask):
         return (None,) * (6 + len(_FLAGS))
-    dx, dh_prev, dc_prev, dparams = torch.ops.lstmgrad.lstm_backward(
+    args = (
         input, params, h0, c0, dy, dh, dc, saved, batch_sizes, dropout_masks,
         flags["has_bias"], flags["num_layers"], flags["dropout"], flags["train"],
         flags["bidirectional"], flags["batch_first"], mask,
     )  # fmt: skip
+    if torch_grad.is_legacy_batched(dy, dh, dc):
+        flat_args = (args[0], torch_grad.flatten_params(params), *args[2:])
+        dx, dh_prev, dc_prev, flat = torch.ops.lstmgrad.lstm_backward_flat(*flat_args)
+        shapes = [p.shape for p in params]
+        dparams = torch_grad.unflatten_params(flat, shapes) if need_w else []
+    else:
+        dx, dh_prev, dc_prev, dparams = torch.ops.lstmgrad.lstm_backward(*args)
     return (
         dx if need_x else None,
         list(dparams) if need_w else None,
@@ -284,10 +278,29 @@ def _forward_backward(
 
 
 lstm_forward.register_autograd(_forward_backward, setup_context=_forward_setup)
+# double backward (the backward op's own autograd) and the vmap rules of both ops
+torch_grad.register(lstm_forward, lstm_backward)
 
 
 # ---------------------------------------------------------------------------------------------
 # the differentiable functional form
+
+
+def _route(input: Tensor, params: Sequence[Tensor], h0: Tensor, c0: Tensor) -> str:
+    """Which path runs: "op" normally; "function" under a torch.func transform (which takes an
+    autograd.Function with setup_context, not a custom op's own autograd formula); "torch" with
+    forward-mode AD tangents outside torch.func (a jvp rule cannot open the nested dual level it
+    would need)."""
+    if torch.compiler.is_compiling():
+        return "op"
+    if torch._C._are_functorch_transforms_active():
+        return "function"
+    if getattr(torch.autograd.forward_ad, "_current_level", 0) >= 0 and any(  # no level, no tangent
+        torch.autograd.forward_ad.unpack_dual(t).tangent is not None
+        for t in (input, h0, c0, *params)
+    ):
+        return "torch"
+    return "op"
 
 
 def lstm(
@@ -312,6 +325,10 @@ def lstm(
     ``torch.manual_seed`` reproduces them) and the gradient uses exactly those masks. The
     activations are saved only when a gradient may be asked for (grad mode on and some input
     requiring grad).
+
+    Under a torch.func transform the same ops run through autograd.Functions, and with
+    forward-mode AD tangents (outside torch.func) the torch-operations LSTM runs instead (see
+    :mod:`lstmgrad.torch_grad`).
 
     Example:
         >>> import torch
@@ -349,6 +366,16 @@ def lstm(
         or any(p.requires_grad for p in params)
     )  # fmt: skip
     save = bool(needs_grad or applies)
+    route = _route(input, params, h0, c0)
+    if route == "function":
+        p = dropout if applies else 0.0
+        flags = (has_bias, num_layers, p, save, bidirectional, batch_first)
+        return torch_grad.lstm_function(input, params, h0, c0, batch_sizes, masks, flags)
+    if route == "torch":
+        return torch_grad.torch_lstm(
+            input, params, h0, c0, batch_sizes, masks, has_bias, num_layers, bidirectional,
+            batch_first,
+        )  # fmt: skip
     output, h_n, c_n, _ = torch.ops.lstmgrad.lstm_forward(
         input, list(params), h0, c0, batch_sizes, masks, has_bias, num_layers,
         dropout if applies else 0.0, save, bidirectional, batch_first,
