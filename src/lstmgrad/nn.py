@@ -57,6 +57,9 @@ class LSTM(torch.nn.LSTM):
     - Tensors that are not on the CPU, or not float16/float32/float64, run torch.nn.LSTM's own
       forward unchanged.
     - Double backward raises a RuntimeError.
+    - Extra keywords ``recompute`` and ``max_saved_bytes``: training that keeps checkpoints
+      instead of activations and recomputes them in the backward (see
+      :func:`lstmgrad.torch_ops.lstm`).
     - Constructing one sets ``torch._dynamo.config.allow_rnn = True`` (process-wide), without
       which torch.compile refuses any torch.nn.LSTM subclass; see
       ``_let_dynamo_trace_lstm_modules``.
@@ -72,8 +75,16 @@ class LSTM(torch.nn.LSTM):
         (torch.Size([3, 5, 20]), torch.Size([2, 3, 20]), torch.Size([80, 10]))
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        recompute: bool | int | str = False,
+        max_saved_bytes: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.recompute = recompute
+        self.max_saved_bytes = max_saved_bytes
         if self.proj_size > 0:
             raise LstmInvalidArgumentError(
                 f"lstmgrad.nn.LSTM: proj_size must be 0 (LSTM with projections is outside the "
@@ -100,6 +111,8 @@ class LSTM(torch.nn.LSTM):
             train=self.training,
             bidirectional=self.bidirectional,
             batch_first=self.batch_first and batch_sizes is None,
+            recompute=self.recompute,
+            max_saved_bytes=self.max_saved_bytes,
         )
 
     def forward(self, input: Any, hx: Any = None) -> Any:  # noqa: D102 (torch.nn.LSTM's)
