@@ -64,9 +64,7 @@ def checkpoint_bytes(dims: Dims, k: int, dtype: np.dtype) -> int:
     return 2 * dims.K * segments * dims.B * dims.H * np.dtype(dtype).itemsize
 
 
-def segment_length(
-    dims: Dims, dtype: np.dtype, recompute: Any, max_saved_bytes: Any = None
-) -> int:
+def segment_length(dims: Dims, dtype: np.dtype, recompute: Any, max_saved_bytes: Any = None) -> int:
     """The segment length k for ``recompute`` (True or "auto": about sqrt(T); an int: itself)
     and an optional budget ``max_saved_bytes`` on the memory k trades (checkpoints plus one
     segment's recomputation, :func:`budget_bytes`): then the longest k that fits.
@@ -314,6 +312,7 @@ def backward(
                 )  # fmt: skip
                 del fwd
                 res = run_backward(call, None, "fused", gemm)
+                assert res.dh_prev is not None and res.dc_prev is not None
                 g_h, g_c = res.dh_prev[0], res.dc_prev[0]
                 if want_dx:
                     assert dx is not None and res.dx is not None
@@ -345,4 +344,3 @@ def backward(
         dc_prev if need_dc else None,
         dparams,
     )
-
