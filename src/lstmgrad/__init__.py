@@ -16,6 +16,7 @@ from .errors import (
     LstmError,
     LstmInternalError,
     LstmInvalidArgumentError,
+    LstmMemoryError,
     LstmNullArgumentError,
 )
 
@@ -32,6 +33,7 @@ __all__ = [
     "LstmNullArgumentError",
     "LstmInvalidArgumentError",
     "LstmInternalError",
+    "LstmMemoryError",
     "ACLNN_SUCCESS",
     "ACLNN_ERR_PARAM_NULLPTR",
     "ACLNN_ERR_PARAM_INVALID",

@@ -45,3 +45,10 @@ class LstmInternalError(LstmError, RuntimeError):
     """Something unexpected went wrong while computing: code 561103."""
 
     code = ACLNN_ERR_INNER
+
+
+class LstmMemoryError(LstmError, MemoryError):
+    """A call needs more memory than the machine can give now (checked before it starts; the
+    message names the need and what is available in bytes): code 561103."""
+
+    code = ACLNN_ERR_INNER

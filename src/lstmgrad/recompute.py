@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .api import run_backward, run_forward
+from .api import check_memory, run_backward, run_forward
 from .contract import check_backward, check_forward
 from .errors import LstmInvalidArgumentError
 from .fused.lstm import backward_workspace_slots, forward_workspace_slots
@@ -232,6 +232,8 @@ def forward(
     """
     dtype = x.dtype
     t_steps, batch, hidden = dims.T, dims.B, dims.H
+    layer_out = t_steps * batch * dims.D * hidden * dtype.itemsize
+    check_memory(_FN, (dims.L if keep else 2) * layer_out + checkpoint_bytes(dims, k, dtype))
     hy = np.empty((dims.K, batch, hidden), dtype=dtype)
     cy = np.empty_like(hy)
     segs = math.ceil(t_steps / k) if t_steps else 0
@@ -286,6 +288,9 @@ def backward(
     need_dx, need_dh, need_dc, need_dw = (bool(v) for v in need)
     t_steps, batch, hidden = dims.T, dims.B, dims.H
     cd = compute_dtype(dtype)
+    widest = t_steps * batch * max(dims.I, dims.D * hidden) * np.dtype(dtype).itemsize
+    params = sum(p.size for p in ck.params) * cd.itemsize if need_dw else 0
+    check_memory(_FN, 2 * widest + params)  # dx of a layer and of the one below, dW sums
     dh_prev = np.empty((dims.K, batch, hidden), dtype=dtype)
     dc_prev = np.empty_like(dh_prev)
     sums = [np.zeros(p.shape, dtype=cd) for p in ck.params] if need_dw else []

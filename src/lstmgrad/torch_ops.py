@@ -431,11 +431,12 @@ class _RecomputeLstm(torch.autograd.Function):
         dims = ck.dims
         dy_np = None
         if dy is not None:
-            dy_np = ctx.layout.to_time_major(to_numpy(fn, "dy", dy.contiguous()), dims.T, dims.B)
+            # any strides (y.sum()'s gradient is one value broadcast): no copy of a [T, B, D*H]
+            dy_np = ctx.layout.to_time_major(to_numpy(fn, "dy", dy), dims.T, dims.B)
         dx, dh_prev, dc_prev, dparams = _recompute.backward(
             ck, dy_np,
-            None if dh is None else to_numpy(fn, "dh", dh.contiguous()),
-            None if dc is None else to_numpy(fn, "dc", dc.contiguous()),
+            None if dh is None else to_numpy(fn, "dh", dh),
+            None if dc is None else to_numpy(fn, "dc", dc),
             (need_x, need_h0, need_c0, need_w), torch_gemm(),
         )  # fmt: skip
 
