@@ -138,10 +138,36 @@ def _cpu_model() -> str:
     return "unknown"
 
 
-def _fmt(r: dict[str, Any]) -> tuple[str, str]:
+def _fmt(r: dict[str, Any]) -> tuple[str, str]:  # one line of progress
     if "error" in r:
         return r["error"], "-"
     return f"{r['peak_bytes'] / GIB:.2f}", f"{r['seconds']:.1f}"
+
+
+def table(header: dict[str, Any], results: list[dict[str, Any]]) -> None:
+    """Print the results as a Markdown table, ratios against torch's run of the same config."""
+    print(f"# {header['date']}, {header['cpu']}, {header['cores']} cores, float32, "
+          f"{header['threads'] or 'default'} thread(s), RLIMIT_AS {header['limit_gib']:g} GiB "
+          f"per process")  # fmt: skip
+    print("| config (B=8, I=H=512) | side | peak RSS GiB | step's own GiB | step s | "
+          "peak vs torch | own vs torch | time vs torch |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for config in dict.fromkeys(r["config"] for r in results):
+        rows = [r for r in results if r["config"] == config]
+        ref = next((r for r in rows if r["side"] == "torch" and "error" not in r), None)
+        for r in rows:
+            if "error" in r:
+                print(f"| {config} | {r['side']} | {r['error']} | - | - | - | - | - |")
+                continue
+            own = r["peak_bytes"] - r["base_bytes"]
+            ratios = ["-", "-", "-"]
+            if ref is not None:
+                ref_own = ref["peak_bytes"] - ref["base_bytes"]
+                ratios = [f"{ref['peak_bytes'] / r['peak_bytes']:.2f}x less",
+                          f"{ref_own / max(own, 1):.2f}x less",
+                          f"{r['seconds'] / ref['seconds']:.2f}x"]  # fmt: skip
+            print(f"| {config} | {r['side']} | {r['peak_bytes'] / GIB:.2f} | {own / GIB:.2f} | "
+                  f"{r['seconds']:.1f} | {' | '.join(ratios)} |")  # fmt: skip
 
 
 def main() -> None:
@@ -152,10 +178,15 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per child")
     ap.add_argument("--threads", type=int, default=1, help="threads per child (0: defaults)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--table", type=Path, default=None, help="print the table of a JSON file")
     ap.add_argument("--child", nargs=2, metavar=("CONFIG", "SIDE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(*args.child)), flush=True)
+        return
+    if args.table:
+        saved = json.loads(args.table.read_text())
+        table(saved["header"], saved["results"])
         return
     results = []
     configs = [c for c in args.configs.split(",") if c]
@@ -175,21 +206,7 @@ def main() -> None:
         "env": {k: os.environ[k] for k in ("LSTMGRAD_TUNE",) if k in os.environ},
         "dtype": "float32",
     }
-    print(f"# {header['date']}, {header['cpu']}, {header['cores']} cores, float32, "
-          f"{args.threads or 'default'} thread(s), RLIMIT_AS {args.limit_gib:g} GiB per process")  # fmt: skip
-    print("| config (T, B=8, I=H=512) | side | peak RSS GiB | step s | memory vs torch | "
-          "time vs torch |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
-    for config in configs:
-        rows = [r for r in results if r["config"] == config]
-        ref = next((r for r in rows if r["side"] == "torch" and "error" not in r), None)
-        for r in rows:
-            mem, sec = _fmt(r)
-            ratio_m = ratio_t = "-"
-            if ref is not None and "error" not in r:
-                ratio_m = f"{ref['peak_bytes'] / r['peak_bytes']:.2f}x less"
-                ratio_t = f"{r['seconds'] / ref['seconds']:.2f}x"
-            print(f"| {config} | {r['side']} | {mem} | {sec} | {ratio_m} | {ratio_t} |")
+    table(header, results)
     out = args.json or ROOT / "benchmarks" / "results" / "memory.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"header": header, "results": results}, indent=1))
