@@ -312,3 +312,19 @@ def test_second_backward_through_the_same_graph_raises():
     y.sum().backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="retain_graph"):
         y.sum().backward()
+
+
+def test_no_steps_pass_the_state_through():
+    """T = 0 (torch.nn.LSTM raises there): h_n = h0, dh0 = dh, no weight gradient, as the
+    normal mode."""
+    b, i, h, nl = 2, 3, 4, 2
+    _, params = make_lstm(i, h, nl, bidirectional=True)
+    x, h0, c0, rng = _inputs(0, b, i, h, 2 * nl)
+    dy = np.zeros((0, b, 2 * h))
+    dh, dc = rng.standard_normal((2, 2 * nl, b, h))
+    flags = dict(num_layers=nl, bidirectional=True)
+    got = _run(params, x, h0, c0, dy, dh, dc, recompute=True, **flags)
+    normal = _run(params, x, h0, c0, dy, dh, dc, **flags)
+    _check(got, normal, 0.0, NAMES)
+    np.testing.assert_array_equal(got[1], h0)
+    np.testing.assert_array_equal(got[4], dh)
