@@ -91,6 +91,45 @@ def child(config: str, side: str) -> dict[str, Any]:
     }
 
 
+def interleaved(steps: int, layers: int, bidirectional: bool, rounds: int) -> dict[str, Any]:
+    """Step times of the three sides in one process, alternating (the order rotated every
+    round), so that a loaded machine disturbs them alike; medians and per-round ratios."""
+    import statistics
+
+    import torch
+
+    from lstmgrad.nn import LSTM
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "0")) or torch.get_num_threads())
+    b, i, h = 8, 512, 512
+    torch.manual_seed(0)
+    ref = torch.nn.LSTM(i, h, num_layers=layers, bidirectional=bidirectional)
+    models = {"torch": ref}
+    for side in ("lstmgrad", "recompute"):
+        m = LSTM(
+            i, h, num_layers=layers, bidirectional=bidirectional, recompute=side == "recompute"
+        )
+        m.load_state_dict(ref.state_dict())
+        models[side] = m
+    x = torch.randn(steps, b, i)
+    times: dict[str, list[float]] = {side: [] for side in models}
+    for r in range(rounds + 1):  # round 0 warms up
+        order = list(models)[r % 3 :] + list(models)[: r % 3]
+        for side in order:
+            start = time.perf_counter()
+            y, _ = models[side](x)
+            y.sum().backward()
+            if r:
+                times[side].append(time.perf_counter() - start)
+            models[side].zero_grad(set_to_none=True)
+    ratios = {
+        side: statistics.median(a / t for a, t in zip(times[side], times["torch"], strict=True))
+        for side in ("lstmgrad", "recompute")
+    }
+    return {"T": steps, "layers": layers, "bidirectional": bidirectional, "times": times,
+            "median_ratio_vs_torch": ratios}  # fmt: skip
+
+
 def run_child(
     config: str, side: str, limit_gib: float, timeout: float, threads: int
 ) -> dict[str, Any]:
@@ -178,11 +217,23 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per child")
     ap.add_argument("--threads", type=int, default=1, help="threads per child (0: defaults)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--interleaved",
+        type=int,
+        default=0,
+        metavar="T",
+        help="time the three sides alternately in one process at this T (1 layer)",
+    )
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--table", type=Path, default=None, help="print the table of a JSON file")
     ap.add_argument("--child", nargs=2, metavar=("CONFIG", "SIDE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(*args.child)), flush=True)
+        return
+    if args.interleaved:
+        r = interleaved(args.interleaved, 1, False, args.rounds)
+        print(json.dumps(r))
         return
     if args.table:
         saved = json.loads(args.table.read_text())

@@ -328,3 +328,16 @@ def test_no_steps_pass_the_state_through():
     _check(got, normal, 0.0, NAMES)
     np.testing.assert_array_equal(got[1], h0)
     np.testing.assert_array_equal(got[4], dh)
+
+
+def test_in_place_change_before_backward_is_caught():
+    """The checkpoints read the input and weights through views: modifying one in place
+    between forward and backward is autograd's usual error, not a silently wrong gradient."""
+    _, params = make_lstm(3, 4, 1)
+    ps = [torch.tensor(p, requires_grad=True) for p in params]
+    x = torch.randn(5, 2, 3, dtype=torch.float64)
+    y, _, _ = lstm(x, ps, recompute=2)
+    with torch.no_grad():
+        ps[1].mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()

@@ -408,6 +408,9 @@ class _RecomputeLstm(torch.autograd.Function):
         )  # fmt: skip
         ctx.checkpoints = ck
         ctx.layout = call.layout
+        # the checkpoints read input and params through views: saved here too, so that autograd's
+        # version check catches an in-place change of them before the backward
+        ctx.save_for_backward(input, *params)
         ctx.set_materialize_grads(False)
         return (
             torch.from_numpy(call.layout.from_time_major(y)),
@@ -425,6 +428,7 @@ class _RecomputeLstm(torch.autograd.Function):
                 "is not supported in recompute mode)"
             )
         ctx.checkpoints = None  # the checkpoints are freed as soon as the backward is done
+        _ = ctx.saved_tensors  # raises if input or a parameter was modified in place since
         fn = "lstmgrad.torch_ops.lstm"
         need_x, need_h0, need_c0 = ctx.needs_input_grad[:3]
         need_w = any(ctx.needs_input_grad[6:])
