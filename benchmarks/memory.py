@@ -148,7 +148,7 @@ def run_child(
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", config, side]
     try:
         proc = subprocess.run(
-            cmd, capture_output=True, text=True, env=env, preexec_fn=cap, timeout=timeout
+            cmd, capture_output=True, text=True, env=env, preexec_fn=cap, timeout=timeout or None
         )
     except subprocess.TimeoutExpired:
         return {"config": config, "side": side, "error": f"timeout after {timeout:.0f} s"}
@@ -214,7 +214,7 @@ def main() -> None:
     ap.add_argument("--configs", default=DEFAULT, help=f"ids among {', '.join(CONFIGS)}")
     ap.add_argument("--sides", default=",".join(SIDES))
     ap.add_argument("--limit-gib", type=float, default=16.0, help="RLIMIT_AS of each child")
-    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per child")
+    ap.add_argument("--timeout", type=float, default=0.0, help="seconds per child (0: none)")
     ap.add_argument("--threads", type=int, default=1, help="threads per child (0: defaults)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument(
