@@ -18,6 +18,7 @@ from .errors import (
     LstmError,
     LstmInternalError,
     LstmInvalidArgumentError,
+    LstmMemoryError,
     LstmNullArgumentError,
 )
 
@@ -35,6 +36,7 @@ __all__ = [
     "LstmNullArgumentError",
     "LstmInvalidArgumentError",
     "LstmInternalError",
+    "LstmMemoryError",
     "ACLNN_SUCCESS",
     "ACLNN_ERR_PARAM_NULLPTR",
     "ACLNN_ERR_PARAM_INVALID",

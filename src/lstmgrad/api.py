@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from . import fused, reference
+from . import fused, machine, reference
 from .contract import (
     DEFAULT_IMPL,
     BackwardCall,
@@ -20,10 +20,10 @@ from .contract import (
     check_impl,
 )
 from .dropout import make_dropout_masks
-from .errors import LstmError, LstmInternalError
-from .gemm import Gemm
+from .errors import LstmError, LstmInternalError, LstmMemoryError
+from .gemm import NUMPY_GEMM, Gemm
 from .tensors import from_torch, to_tensors, torch_gemm
-from .workspace import Arena
+from .workspace import Arena, scratch_held, workspace_bytes
 
 ENGINES: dict[str, ModuleType] = {"fused": fused, "reference": reference}  # contract.IMPLS
 
@@ -33,13 +33,49 @@ def _gemm(impl: str, gemm: Gemm | None) -> dict[str, Gemm]:
     return {"gemm": gemm} if gemm is not None and impl == "fused" else {}
 
 
+def check_memory(fn: str, need: int) -> None:
+    """Raise LstmMemoryError before a call that needs more bytes than the machine can give now
+    (:func:`lstmgrad.machine.available_memory`; no check where that cannot be read)."""
+    avail = machine.available_memory()
+    if avail is not None and need > avail:
+        raise LstmMemoryError(
+            f"{fn}: needs {need} bytes of memory, only {avail} bytes are available (the "
+            f"machine's available memory, within the cgroup's limit if any)"
+        )
+
+
+def _need(fn: str, call: ForwardCall | BackwardCall, arena: Arena | None, gemm: Gemm | None,
+          forward: bool) -> None:  # fmt: skip
+    """The fused engine's memory need of ``call`` checked against what is available: its
+    results and conversions, plus the scratch beyond the calling thread's kept buffer (none
+    with a caller's workspace)."""
+    g = gemm or NUMPY_GEMM
+    if forward:
+        assert isinstance(call, ForwardCall)
+        need = fused.forward_bytes(call, g)
+        slots = fused.forward_workspace_slots(call.dims, call.dtype, g)
+    else:
+        assert isinstance(call, BackwardCall)
+        need = fused.backward_bytes(call, g)
+        slots = fused.backward_workspace_slots(call.dims, call.dtype, g)
+    if arena is None:
+        need += max(workspace_bytes(slots) - scratch_held(), 0)
+    check_memory(fn, need)
+
+
 def run_backward(
     call: BackwardCall,
     arena: Arena | None = None,
     impl: str = DEFAULT_IMPL,
     gemm: Gemm | None = None,
 ) -> LstmBackwardResult:
-    """Run a validated backward call; results in the caller's layout."""
+    """Run a validated backward call; results in the caller's layout.
+
+    Raises:
+        LstmMemoryError: (code 561103) the fused engine would need more memory than available.
+    """
+    if impl == "fused" and any(call.need):
+        _need("lstm_backward", call, arena, gemm, forward=False)
     try:
         dx, dh_prev, dc_prev, dparams = ENGINES[impl].lstm_backward(
             call, arena, **_gemm(impl, gemm)
@@ -60,9 +96,15 @@ def run_forward(
     gemm: Gemm | None = None,
 ) -> LstmForwardResult:
     """Run a validated forward call (drawing its dropout masks unless given); output in the
-    caller's layout."""
+    caller's layout.
+
+    Raises:
+        LstmMemoryError: (code 561103) the fused engine would need more memory than available.
+    """
     if call.dropout > 0 and call.dropout_masks is None:
         call.dropout_masks = make_dropout_masks(call.dims, call.dropout, call.seed, call.dtype)
+    if impl == "fused":
+        _need("lstm_forward", call, arena, gemm, forward=True)
     try:
         y, hy, cy, saved = ENGINES[impl].lstm_forward(call, arena, **_gemm(impl, gemm))
     except LstmError:
@@ -137,6 +179,8 @@ def lstm_backward(
         LstmNullArgumentError: (code 161001) a required argument or list element is None.
         LstmInvalidArgumentError: (code 161002) a type, dtype, shape, length or value is wrong.
         LstmInternalError: (code 561103) an unexpected failure while computing.
+        LstmMemoryError: (code 561103) the call needs more memory than the machine has
+            available now (checked before it starts; the message names both in bytes).
 
     Example:
         >>> import numpy as np, lstmgrad
@@ -213,7 +257,8 @@ def lstm_forward(
         are 0 and h, c hold the carried state) and the masks (L-1 arrays [T, B, D*H] or None).
 
     Raises:
-        LstmNullArgumentError, LstmInvalidArgumentError, LstmInternalError: as lstm_backward.
+        LstmNullArgumentError, LstmInvalidArgumentError, LstmInternalError, LstmMemoryError: as
+            lstm_backward.
 
     Example:
         >>> import numpy as np, lstmgrad

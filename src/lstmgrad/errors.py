@@ -62,3 +62,10 @@ def torch_missing(feature: str) -> ModuleNotFoundError:
     return ModuleNotFoundError(
         f"{feature} needs PyTorch, which is not installed: {TORCH_INSTALL}", name="torch"
     )
+
+
+class LstmMemoryError(LstmError, MemoryError):
+    """A call needs more memory than the machine can give now (checked before it starts; the
+    message names the need and what is available in bytes): code 561103."""
+
+    code = ACLNN_ERR_INNER

@@ -37,6 +37,50 @@ def _cgroup_cpus() -> float | None:
     return None
 
 
+def _read_int(path: str) -> int | None:
+    """An integer file (cgroup or /proc), None where absent, unreadable or "max"."""
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+        return None if text == "max" else int(text)
+    except (OSError, ValueError):
+        return None
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still get, read now: the kernel's MemAvailable
+    (/proc/meminfo, else free pages from sysconf), lowered to what the cgroup's limit leaves
+    (v2 memory.max - memory.current, else v1 limit_in_bytes - usage_in_bytes). None where
+    nothing can be read."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, AttributeError):
+            avail = None
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        limit, usage = _read_int(limit_file), _read_int(usage_file)
+        if limit is not None and usage is not None and limit < 1 << 60:  # v1 "no limit" is huge
+            left = max(limit - usage, 0)
+            avail = left if avail is None else min(avail, left)
+            break
+    return avail
+
+
 def visible_cpus() -> int:
     """CPUs this process may use: its affinity mask (taskset, cpusets), capped by a cgroup CPU
     quota (containers), at least 1."""

@@ -103,6 +103,9 @@ class LSTM(torch.nn.LSTM):
     - torch.compile traces it without ``torch._dynamo.config.allow_rnn`` (which Dynamo needs
       for torch's own RNN modules): the first construction lets Dynamo wrap instances of this
       class, and only them; see ``_let_dynamo_trace_this_class``.
+    - Extra keywords ``recompute`` and ``max_saved_bytes``: training that keeps checkpoints
+      instead of activations and recomputes them in the backward (see
+      :func:`lstmgrad.torch_ops.lstm`).
 
     Example:
         >>> import torch
@@ -115,8 +118,16 @@ class LSTM(torch.nn.LSTM):
         (torch.Size([3, 5, 20]), torch.Size([2, 3, 20]), torch.Size([80, 10]))
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        recompute: bool | int | str = False,
+        max_saved_bytes: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.recompute = recompute
+        self.max_saved_bytes = max_saved_bytes
         _let_dynamo_trace_this_class()
 
     def _runs_here(self, input: Tensor) -> bool:
@@ -149,6 +160,8 @@ class LSTM(torch.nn.LSTM):
                 train=self.training,
                 bidirectional=self.bidirectional,
                 batch_first=self.batch_first and batch_sizes is None,
+                recompute=self.recompute,
+                max_saved_bytes=self.max_saved_bytes,
             )
         if wide:
             return y.bfloat16(), h_n.bfloat16(), c_n.bfloat16()

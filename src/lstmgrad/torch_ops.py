@@ -39,6 +39,7 @@ except ImportError as exc:  # PyTorch is the optional [torch] extra
     raise torch_missing("lstmgrad.torch_ops") from exc
 from torch import Tensor
 
+from . import recompute as _recompute
 from . import torch_grad
 from .api import run_backward, run_forward
 from .contract import check_backward, check_forward
@@ -315,6 +316,8 @@ def lstm(
     train: bool = True,
     bidirectional: bool = False,
     batch_first: bool = False,
+    recompute: bool | int | str = False,
+    max_saved_bytes: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Differentiable LSTM over the custom ops: ``(output, h_n, c_n)``.
 
@@ -329,6 +332,13 @@ def lstm(
     Under a torch.func transform the same ops run through autograd.Functions, and with
     forward-mode AD tangents (outside torch.func) the torch-operations LSTM runs instead (see
     :mod:`lstmgrad.torch_grad`).
+
+    ``recompute`` trades time for memory (docs/math.md#recompute): instead of the activations,
+    the forward keeps each layer's input and the state every k steps, and the backward
+    recomputes one segment of k steps at a time. ``True`` or ``"auto"``: k = ceil(sqrt(T)), or
+    with ``max_saved_bytes`` the longest k whose checkpoints plus one segment's recomputation
+    fit in that many bytes; an int: k itself. Not traced by torch.compile (a plain
+    autograd.Function).
 
     Example:
         >>> import torch
@@ -365,7 +375,14 @@ def lstm(
         input.requires_grad or h0.requires_grad or c0.requires_grad
         or any(p.requires_grad for p in params)
     )  # fmt: skip
-    save = bool(needs_grad or applies)
+    if recompute is not False or max_saved_bytes is not None:
+        flags = (has_bias, num_layers, dropout if applies else 0.0, save_mode(needs_grad, applies),
+                 bidirectional, batch_first, recompute, max_saved_bytes, needs_grad)  # fmt: skip
+        out: tuple[Tensor, Tensor, Tensor] = _RecomputeLstm.apply(
+            input, h0, c0, batch_sizes, masks, flags, *params
+        )
+        return out
+    save = save_mode(needs_grad, applies)
     route = _route(input, params, h0, c0)
     if route == "function":
         p = dropout if applies else 0.0
@@ -381,3 +398,86 @@ def lstm(
         dropout if applies else 0.0, save, bidirectional, batch_first,
     )  # fmt: skip
     return output, h_n, c_n
+
+
+def save_mode(needs_grad: bool, applies: bool) -> bool:
+    """Run in training mode (saving what the backward needs): a gradient may be asked for, or
+    dropout applies."""
+    return bool(needs_grad or applies)
+
+
+class _RecomputeLstm(torch.autograd.Function):
+    """The recompute mode (lstmgrad.recompute) as an autograd Function: the forward keeps the
+    checkpoints on ctx, the backward recomputes segment by segment."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        input: Tensor,
+        h0: Tensor,
+        c0: Tensor,
+        batch_sizes: Tensor | None,
+        masks: Tensor | None,
+        flags: tuple,
+        *params: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        fn = "lstmgrad.torch_ops.lstm"
+        has_bias, num_layers, dropout, train, bidirectional, batch_first, rec, budget, keep = flags
+        np_masks = _unstacked(to_numpy(fn, "dropout_masks", masks))
+        call = check_forward(
+            fn, to_numpy(fn, "input", input), [to_numpy(fn, "params", p) for p in params],
+            [to_numpy(fn, "h0", h0), to_numpy(fn, "c0", c0)],
+            to_numpy(fn, "batch_sizes", batch_sizes), has_bias, num_layers, dropout, train,
+            bidirectional, batch_first, None, np_masks,
+        )  # fmt: skip
+        k = _recompute.segment_length(call.dims, call.dtype, rec, budget)
+        bs = None if batch_sizes is None else to_numpy(fn, "batch_sizes", batch_sizes)
+        assert call.h0 is not None and call.c0 is not None  # lstm() always passes them
+        y, hy, cy, ck = _recompute.forward(
+            call.x, call.params, call.h0, call.c0, call.dims, k, bs, call.dropout_masks,
+            torch_gemm(), keep=bool(keep),
+        )  # fmt: skip
+        ctx.checkpoints = ck
+        ctx.layout = call.layout
+        # the checkpoints read input and params through views: saved here too, so that autograd's
+        # version check catches an in-place change of them before the backward
+        ctx.save_for_backward(input, *params)
+        ctx.set_materialize_grads(False)
+        return (
+            torch.from_numpy(call.layout.from_time_major(y)),
+            torch.from_numpy(hy),
+            torch.from_numpy(cy),
+        )
+
+    @staticmethod
+    def backward(ctx: Any, dy: Tensor | None, dh: Tensor | None, dc: Tensor | None) -> Any:  # type: ignore[override]
+        ck = ctx.checkpoints
+        if ck is None:
+            raise RuntimeError(
+                "lstmgrad.torch_ops.lstm (recompute): no checkpoints: the forward ran without "
+                "a gradient in view, or this graph was already differentiated (retain_graph "
+                "is not supported in recompute mode)"
+            )
+        ctx.checkpoints = None  # the checkpoints are freed as soon as the backward is done
+        _ = ctx.saved_tensors  # raises if input or a parameter was modified in place since
+        fn = "lstmgrad.torch_ops.lstm"
+        need_x, need_h0, need_c0 = ctx.needs_input_grad[:3]
+        need_w = any(ctx.needs_input_grad[6:])
+        dims = ck.dims
+        dy_np = None
+        if dy is not None:
+            # any strides (y.sum()'s gradient is one value broadcast): no copy of a [T, B, D*H]
+            dy_np = ctx.layout.to_time_major(to_numpy(fn, "dy", dy), dims.T, dims.B)
+        dx, dh_prev, dc_prev, dparams = _recompute.backward(
+            ck, dy_np,
+            None if dh is None else to_numpy(fn, "dh", dh),
+            None if dc is None else to_numpy(fn, "dc", dc),
+            (need_x, need_h0, need_c0, need_w), torch_gemm(),
+        )  # fmt: skip
+
+        def out(a: np.ndarray | None) -> Tensor | None:
+            return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
+
+        grads_w = [out(p) for p in dparams] if dparams is not None else [None] * len(ck.params)
+        dx_t = None if dx is None else out(ctx.layout.from_time_major(dx))
+        return (dx_t, out(dh_prev), out(dc_prev), None, None, None, *grads_w)

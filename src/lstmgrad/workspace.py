@@ -34,6 +34,12 @@ def _scratch(nbytes: int) -> np.ndarray:
     return buf
 
 
+def scratch_held() -> int:
+    """Bytes of the calling thread's kept scratch buffer (a call that fits reuses it)."""
+    buf = getattr(_local, "buffer", None)
+    return 0 if buf is None else int(buf.nbytes)
+
+
 def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 

@@ -4,6 +4,20 @@
 Same functions as :mod:`lstmgrad.reference`; the default engine of the public API.
 """
 
-from .lstm import backward_workspace_slots, forward_workspace_slots, lstm_backward, lstm_forward
+from .lstm import (
+    backward_bytes,
+    backward_workspace_slots,
+    forward_bytes,
+    forward_workspace_slots,
+    lstm_backward,
+    lstm_forward,
+)
 
-__all__ = ["lstm_forward", "lstm_backward", "forward_workspace_slots", "backward_workspace_slots"]
+__all__ = [
+    "lstm_forward",
+    "lstm_backward",
+    "forward_workspace_slots",
+    "backward_workspace_slots",
+    "forward_bytes",
+    "backward_bytes",
+]

@@ -162,6 +162,41 @@ def backward_workspace_slots(
     ]
 
 
+def forward_bytes(call: ForwardCall, gemm: Gemm = NUMPY_GEMM, plan: Plan | None = None) -> int:
+    """Memory the forward allocates besides its scratch (:func:`forward_workspace_slots`): the
+    results (output, hy, cy, and the saved activations: every (layer, direction)'s with train,
+    else the set of the one being walked) and, for float16 storage, the input and masks
+    converted to float32."""
+    dims, dtype = call.dims, call.dtype
+    plan = plan or plan_for(dims, dtype, gemm)
+    cd = compute_dtype(dtype)
+    kept = dims.K if call.train else (0 if cd != dtype else (2 if plan.pair_walks else 1))
+    act = dims.T * dims.B * dims.H
+    out = dims.T * dims.B * dims.D * dims.H
+    total = (out + 2 * dims.K * dims.B * dims.H + 7 * kept * act) * np.dtype(dtype).itemsize
+    if cd != dtype:
+        masks = len(call.dropout_masks or []) * out
+        total += (dims.T * dims.B * dims.I + masks) * cd.itemsize
+    return total
+
+
+def backward_bytes(call: BackwardCall, gemm: Gemm = NUMPY_GEMM, plan: Plan | None = None) -> int:
+    """Memory the backward allocates besides its scratch (:func:`backward_workspace_slots`): the
+    results (dx, dh_prev, dc_prev, dparams) and, for float16 storage, the input, dy, masks and
+    dx in float32."""
+    dims, dtype = call.dims, call.dtype
+    cd = compute_dtype(dtype)
+    need_dx, _, _, need_dw = call.need
+    x = dims.T * dims.B * dims.I
+    params = sum(p.size for p in call.params) if need_dw else 0
+    total = ((x if need_dx else 0) + 2 * dims.K * dims.B * dims.H + params) * dtype.itemsize
+    if cd != dtype:
+        out = dims.T * dims.B * dims.D * dims.H
+        masks = len(call.dropout_masks or []) * out
+        total += (2 * x + out + masks) * cd.itemsize
+    return total
+
+
 def _bias(call: ForwardCall, layer: int, d: int, cd: np.dtype) -> np.ndarray:
     dims = call.dims
     if not dims.has_bias:
@@ -188,13 +223,16 @@ def lstm_forward(
     xp_buf, gx_buf, gh_buf, h_buf, c_buf, acts_buf, layer_in = arena.take_all(
         forward_workspace_slots(dims, dtype, gemm, plan)
     )
-    # every result in one (recycled) allocation: see workspace.block
+    # the results in recycled allocations (workspace.block): output and states in one, the
+    # saved activations in another, so that keeping the output alone does not pin them. Without
+    # train only the (layer, direction) being walked needs activations: one set (two for a pair;
+    # none for float16 storage, whose walks write the scratch acts_buf)
     act = (t_steps, batch, hidden)
     state = (dims.K, batch, hidden)
-    y, hy, cy, *flat = block(
-        [(t_steps, batch, dims.D * hidden), state, state] + [act] * (7 * dims.K), dtype
-    )
-    saved = [flat[n * dims.K : (n + 1) * dims.K] for n in range(7)]
+    y, hy, cy = block([(t_steps, batch, dims.D * hidden), state, state], dtype)
+    kept = dims.K if call.train else (0 if cd != dtype else (2 if plan.pair_walks else 1))
+    flat = block([act] * (7 * kept), dtype)
+    saved = [flat[n * kept : (n + 1) * kept] for n in range(7)]
     masks = [_c(m, cd) for m in call.dropout_masks] if call.dropout_masks else None
     for layer in range(dims.L):
         width = dims.layer_input_size(layer)
@@ -220,7 +258,7 @@ def lstm_forward(
             h[...] = 0.0 if call.h0 is None else call.h0[k]
             c[...] = 0.0 if call.c0 is None else call.c0[k]
             if cd == dtype:  # the walks write the results themselves
-                acts = tuple(saved[n][k] for n in range(7))
+                acts = tuple(saved[n][k % kept] for n in range(7))
                 y_d = y[..., d * hidden : (d + 1) * hidden]
             else:
                 acts = tuple(acts_buf)
@@ -241,8 +279,9 @@ def lstm_forward(
                                   step_acts, y_d[t])  # fmt: skip
             hy[k], cy[k] = h, c  # a rounding point (docs/math.md)
             if cd != dtype:
-                for n_, a in enumerate(acts):
-                    half.assign(saved[n_][k], a)
+                if call.train:
+                    for n_, a in enumerate(acts):
+                        half.assign(saved[n_][k], a)
                 half.assign(y[..., d * hidden : (d + 1) * hidden], y_d)
         if pair:  # float32/float64 storage: the walks wrote saved and y themselves
             walks.forward_walk_pair(pair[0], pair[1], st.ns, st.offsets)
@@ -393,7 +432,8 @@ def lstm_backward(
     if need_dw and layout == "nt":  # dW_ih, dW_hh: the GEMMs' results themselves
         for layer, d in np.ndindex(dims.L, dims.D):
             dw_shapes[dims.index(layer, d, W_IH)] = dw_shapes[dims.index(layer, d, W_HH)] = (0,)
-    outs = block([dx_shape, state, state] + dw_shapes, dtype)
+    # dx in an allocation of its own, so that keeping the small results does not pin it
+    outs = block([dx_shape], dtype) + block([state, state] + dw_shapes, dtype)
     dh_prev = outs[1] if need_dh else None
     dc_prev = outs[2] if need_dc else None
     dparams = outs[3:] if need_dw else None

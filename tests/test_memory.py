@@ -1,0 +1,142 @@
+"""Memory honesty: a call that needs more memory than available fails before it starts
+(LstmMemoryError, code 561103, naming the need in bytes), the available-memory probe, and the
+results of a forward not pinning each other's memory."""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import weakref
+
+import numpy as np
+import pytest
+
+import lstmgrad
+from lstmgrad import aclnn, machine
+from lstmgrad.errors import ACLNN_ERR_INNER, LstmMemoryError
+from lstmgrad.workspace import release_memory
+
+T, B, I, H, L = 6, 3, 4, 5, 2
+
+
+def _args(seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T, B, I))
+    params = []
+    for layer in range(L):
+        for _ in range(2):  # bidirectional
+            width = I if layer == 0 else 2 * H
+            params += [rng.standard_normal((4 * H, width)) * 0.3,
+                       rng.standard_normal((4 * H, H)) * 0.3,
+                       rng.standard_normal(4 * H) * 0.1, rng.standard_normal(4 * H) * 0.1]  # fmt: skip
+    return x, params
+
+
+def _need_of(exc: BaseException) -> int:
+    m = re.search(r"needs (\d+) bytes", str(exc))
+    assert m, str(exc)
+    return int(m.group(1))
+
+
+def _probe(monkeypatch, value):
+    monkeypatch.setattr(machine, "available_memory", lambda: value)
+
+
+def test_forward_fails_before_starting_and_names_the_need(monkeypatch):
+    x, params = _args()
+    release_memory()  # no kept scratch: the need includes the whole workspace
+    _probe(monkeypatch, 1000)
+    with pytest.raises(LstmMemoryError) as exc:
+        lstmgrad.lstm_forward(x, params, num_layers=L, bidirectional=True)
+    assert exc.value.code == ACLNN_ERR_INNER == 561103
+    assert isinstance(exc.value, MemoryError)
+    need = _need_of(exc.value)
+    # at least the results: output, hy, cy and the 7 saved lists of every (layer, direction)
+    results = (T * B * 2 * H + 2 * 2 * L * B * H + 7 * 2 * L * T * B * H) * 8
+    assert need >= results
+    assert "only 1000 bytes are available" in str(exc.value)
+    _probe(monkeypatch, need)  # exactly enough: runs, and matches the unchecked call
+    got = lstmgrad.lstm_forward(x, params, num_layers=L, bidirectional=True)
+    _probe(monkeypatch, None)  # unknown: no check
+    want = lstmgrad.lstm_forward(x, params, num_layers=L, bidirectional=True)
+    np.testing.assert_array_equal(got.output, want.output)
+
+
+def test_backward_fails_before_starting(monkeypatch):
+    x, params = _args()
+    fwd = lstmgrad.lstm_forward(x, params, num_layers=L, bidirectional=True)
+    hx = [np.zeros((2 * L, B, H))] * 2
+    dy = np.ones_like(fwd.output)
+    _probe(monkeypatch, 10)
+    with pytest.raises(LstmMemoryError) as exc:
+        lstmgrad.lstm_backward(x, hx, params, dy, None, None, *fwd.saved[:7], num_layers=L,
+                               bidirectional=True)  # fmt: skip
+    # at least dx, dh_prev, dc_prev and dparams
+    assert _need_of(exc.value) >= (x.size + 2 * 2 * L * B * H + sum(p.size for p in params)) * 8
+
+
+def test_mirror_returns_561103_with_the_need(monkeypatch):
+    x, params = _args()
+    out = np.empty((T, B, 2 * H))
+    hy, cy = np.empty((2 * L, B, H)), np.empty((2 * L, B, H))
+    status, size, ex = aclnn.aclnnLSTMGetWorkspaceSize(
+        x, params, None, None, True, L, 0.0, False, True, False, out, hy, cy,
+        None, None, None, None, None, None, None,
+    )  # fmt: skip
+    assert status == 0
+    _probe(monkeypatch, 1)
+    status = aclnn.aclnnLSTM(np.empty(size, np.uint8), size, ex, None)
+    assert status == 561103
+    assert re.search(r"needs \d+ bytes", aclnn.aclGetRecentErrMsg())
+
+
+def test_recompute_mode_checks_its_own_arrays(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from lstmgrad.torch_ops import lstm
+
+    x, params = _args()
+    _probe(monkeypatch, 100)
+    with pytest.raises(LstmMemoryError, match=r"lstmgrad.recompute: needs \d+ bytes"):
+        lstm(torch.from_numpy(x), [torch.from_numpy(p) for p in params], num_layers=L,
+             bidirectional=True, recompute=2)  # fmt: skip
+
+
+def test_probe_reads_this_machine():
+    avail = machine.available_memory()
+    assert avail is not None and avail > 0
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert avail <= total
+
+
+def test_probe_lowers_to_the_cgroup_limit(monkeypatch):
+    files = {"/sys/fs/cgroup/memory.max": 5 << 20, "/sys/fs/cgroup/memory.current": 2 << 20}
+    monkeypatch.setattr(machine, "_read_int", lambda path: files.get(path))
+    assert machine.available_memory() == 3 << 20
+    files["/sys/fs/cgroup/memory.max"] = None  # "max": no limit, the machine's figure
+    assert machine.available_memory() > 3 << 20
+
+
+def test_output_alone_does_not_pin_the_saved_activations():
+    x, params = _args()
+    fwd = lstmgrad.lstm_forward(x, params, num_layers=L, bidirectional=True)
+    saved_block = weakref.ref(fwd.saved.i[0].base)
+    output = fwd.output
+    del fwd
+    gc.collect()
+    assert saved_block() is None
+    assert output.shape == (T, B, 2 * H)
+
+
+def test_inference_keeps_one_set_of_activations():
+    """Without train the forward allocates the activations of the (layer, direction) being
+    walked only, not of every one."""
+    from lstmgrad.contract import check_forward
+    from lstmgrad.fused import forward_bytes
+
+    x, params = _args()
+    calls = [check_forward("t", x, params, None, None, True, L, 0.0, train, True, False, None)
+             for train in (True, False)]  # fmt: skip
+    act = T * B * H * 8
+    saved_train, saved_infer = (forward_bytes(c) for c in calls)
+    assert saved_train - saved_infer >= 7 * (2 * L - 2) * act
