@@ -376,10 +376,10 @@ def lstm(
         or any(p.requires_grad for p in params)
     )  # fmt: skip
     if recompute is not False or max_saved_bytes is not None:
-        flags = (has_bias, num_layers, dropout if applies else 0.0, save_mode(needs_grad, applies),
-                 bidirectional, batch_first, recompute, max_saved_bytes, needs_grad)  # fmt: skip
+        rflags = (has_bias, num_layers, dropout if applies else 0.0, save_mode(needs_grad, applies),
+                  bidirectional, batch_first, recompute, max_saved_bytes, needs_grad)  # fmt: skip
         out: tuple[Tensor, Tensor, Tensor] = _RecomputeLstm.apply(
-            input, h0, c0, batch_sizes, masks, flags, *params
+            input, h0, c0, batch_sizes, masks, rflags, *params
         )
         return out
     save = save_mode(needs_grad, applies)
