@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import lstmgrad
-from lstmgrad import aclnn, machine
+from lstmgrad import aclnn, api, machine
 from lstmgrad.errors import ACLNN_ERR_INNER, LstmMemoryError
 from lstmgrad.workspace import release_memory
 
@@ -41,6 +41,7 @@ def _need_of(exc: BaseException) -> int:
 
 def _probe(monkeypatch, value):
     monkeypatch.setattr(machine, "available_memory", lambda: value)
+    monkeypatch.setattr(api, "_last_reading", (-1e9, None))  # no reading kept from before
 
 
 def test_forward_fails_before_starting_and_names_the_need(monkeypatch):
@@ -140,3 +141,25 @@ def test_inference_keeps_one_set_of_activations():
     act = T * B * H * 8
     saved_train, saved_infer = (forward_bytes(c) for c in calls)
     assert saved_train - saved_infer >= 7 * (2 * L - 2) * act
+
+
+def test_reading_kept_only_for_needs_well_within_it(monkeypatch):
+    reads = []
+
+    def probe():
+        reads.append(1)
+        return 1000
+
+    monkeypatch.setattr(machine, "available_memory", probe)
+    monkeypatch.setattr(api, "_last_reading", (-1e9, None))
+    api.check_memory("f", 100)  # first reading
+    api.check_memory("f", 400)  # within half of it: kept
+    assert len(reads) == 1
+    api.check_memory("f", 600)  # more than half: read again
+    assert len(reads) == 2
+    with pytest.raises(LstmMemoryError):
+        api.check_memory("f", 1200)
+    assert len(reads) == 3
+    monkeypatch.setattr(api, "_last_reading", (-1e9, 1000))  # an old reading is not kept
+    api.check_memory("f", 10)
+    assert len(reads) == 4

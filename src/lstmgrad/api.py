@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -33,10 +34,25 @@ def _gemm(impl: str, gemm: Gemm | None) -> dict[str, Gemm]:
     return {"gemm": gemm} if gemm is not None and impl == "fused" else {}
 
 
+_last_reading: tuple[float, int | None] = (-1e9, None)  # (monotonic time, bytes available)
+
+
+def _available(need: int) -> int | None:
+    """Available bytes, re-read unless a reading under a second old had twice ``need`` (the
+    probe reads several files: tens of microseconds, a few percent of a small call)."""
+    global _last_reading
+    when, avail = _last_reading
+    now = time.monotonic()
+    if avail is None or now - when > 1.0 or 2 * need > avail:
+        avail = machine.available_memory()
+        _last_reading = (now, avail)
+    return avail
+
+
 def check_memory(fn: str, need: int) -> None:
     """Raise LstmMemoryError before a call that needs more bytes than the machine can give now
     (:func:`lstmgrad.machine.available_memory`; no check where that cannot be read)."""
-    avail = machine.available_memory()
+    avail = _available(need)
     if avail is not None and need > avail:
         raise LstmMemoryError(
             f"{fn}: needs {need} bytes of memory, only {avail} bytes are available (the "
