@@ -43,10 +43,13 @@ def test_demo_exits_non_zero_when_a_check_fails(monkeypatch):
 
 def test_bench_runs_a_tiny_shape_and_writes_json(tmp_path, capsys):
     pytest.importorskip("torch")
-    path = tmp_path / "bench.json"
-    assert main(["bench", "--shape", "3,2,4,5,1,1", "--rounds", "1", "--json", str(path)]) == 0
+    path, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    argv = ["bench", "--shape", "3,2,4,5,1,1", "--rounds", "1", "--json", str(path)]
+    assert main([*argv, "--png", str(png)]) == 0
     out = capsys.readouterr().out
     assert "peak" in out and "Backward alone" in out and "Forward + backward" in out
+    assert "[1/1] custom" in out  # progress, shape by shape
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     doc = json.loads(path.read_text())
     assert set(doc) == {"machine", "config", "results"}
     assert doc["config"] == {"dtype": "float32", "rounds": 1, "input": "tensors", "batch_s": 0.05}
@@ -76,3 +79,27 @@ def test_bench_rejects_a_bad_shape(capsys):
     assert main(["bench", "--shape", "3,2,4"]) == 2
     assert main(["bench", "--shapes", "nope"]) == 2
     assert "bad shape" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, shapes, rounds",
+    [
+        (["--quick"], ["small-2", "med-3"], 3),
+        (["--quick", "--rounds", "2"], ["small-2", "med-3"], 2),
+        (["--quick", "--shapes", "large-1"], ["large-1"], 3),
+        ([], ["med-3", "small-2", "large-1"], 5),
+    ],
+)
+def test_bench_quick_picks_fewer_shapes_and_rounds(monkeypatch, argv, shapes, rounds):
+    import lstmgrad.bench
+
+    seen = {}
+
+    def run(got_shapes, dtype, got_rounds, inp, progress):
+        seen.update(shapes=list(got_shapes), rounds=got_rounds)
+        return {"machine": {}, "config": {}, "results": []}
+
+    monkeypatch.setattr(lstmgrad.bench, "run", run)
+    monkeypatch.setattr("lstmgrad.cli._bench_tables", lambda doc: "")
+    assert main(["bench", *argv]) == 0
+    assert seen == {"shapes": shapes, "rounds": rounds}

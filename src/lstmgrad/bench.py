@@ -248,3 +248,28 @@ def run(
         doc["results"].append(res)
         say(doc)
     return doc
+
+
+def plot(doc: dict[str, Any], path: str) -> None:
+    """A bar chart of the speedups of ``doc`` (what :func:`run` returns) written to ``path``.
+    Raises ImportError without matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["shape"] for r in doc["results"]]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(names) + 2), 3.5))
+    width = 0.38
+    for k, (item, label) in enumerate((("bwd", "backward"), ("fwdbwd", "forward + backward"))):
+        xs = [j + (k - 0.5) * width for j in range(len(names))]
+        ax.bar(xs, [r[item]["ratio"] for r in doc["results"]], width, label=label)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("speedup over torch.nn.LSTM")
+    m = doc["machine"]
+    ax.set_title(f"lstmgrad bench, {doc['config']['dtype']}: {m.get('cpu', '')}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

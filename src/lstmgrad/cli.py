@@ -115,12 +115,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument(
         "--shapes",
-        default=",".join(DEFAULT_SHAPES),
         help=f"comma-separated shape names (default {','.join(DEFAULT_SHAPES)})",
     )
     group.add_argument("--shape", metavar="T,B,I,H,L,D", help="one shape given by its sizes")
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
-    p.add_argument("--rounds", type=int, default=5, help="timed rounds (default 5)")
+    p.add_argument("--rounds", type=int, help="timed rounds (default 5)")
     p.add_argument(
         "--input",
         choices=("tensors", "numpy"),
@@ -129,6 +128,17 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "arrays (its GEMMs on NumPy's BLAS); the torch side always gets tensors",
     )
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--png", metavar="PATH", help="also draw the speedups (needs matplotlib)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_ROUNDS} rounds of {','.join(QUICK_SHAPES)} unless shapes or rounds are "
+        "given (under a minute on 2 cores)",
+    )
+
+
+QUICK_SHAPES = ("small-2", "med-3")
+QUICK_ROUNDS = 3
 
 
 def _parse_shape(text: str) -> tuple[int, int, int, int, int, int]:
@@ -142,6 +152,10 @@ def _parse_shape(text: str) -> tuple[int, int, int, int, int, int]:
 def _bench(args: argparse.Namespace) -> int:
     from . import bench
 
+    if args.rounds is None:
+        args.rounds = QUICK_ROUNDS if args.quick else 5
+    if args.shapes is None:
+        args.shapes = ",".join(QUICK_SHAPES if args.quick else bench.DEFAULT_SHAPES)
     if args.rounds < 1:
         print("lstmgrad bench: --rounds must be at least 1", file=sys.stderr)
         return 2
@@ -161,7 +175,7 @@ def _bench(args: argparse.Namespace) -> int:
             print("\n".join(_bench_header(doc)), flush=True)
             return
         r = doc["results"][-1]
-        print(f"  {r['shape']}: backward {r['bwd']['ratio']:.2f}x, forward + backward "
+        print(f"  [{len(doc['results'])}/{len(shapes)}] {r['shape']}: backward {r['bwd']['ratio']:.2f}x, forward + backward "
               f"{r['fwdbwd']['ratio']:.2f}x (other processes used {r['other_cores']} cores)",
               flush=True)  # fmt: skip
 
@@ -174,6 +188,13 @@ def _bench(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1))
         print(f"json {args.json}")
+    if args.png:
+        try:
+            bench.plot(doc, args.png)
+        except ImportError:
+            print("lstmgrad bench: --png needs matplotlib: pip install matplotlib", file=sys.stderr)
+            return 2
+        print(f"png {args.png}")
     return 0
 
 
