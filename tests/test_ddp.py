@@ -55,10 +55,22 @@ def train(model, x, lengths, loss_scale):
     return grads, [p.detach().clone() for p in model.parameters()]
 
 
+def _leave_together(store: dist.Store, rank: int) -> None:
+    """Both ranks done before either tears its process group down, met in the store rather than
+    in a last gloo collective: a gloo worker thread may destroy that collective's work item while
+    the interpreter already finalises, which aborts the rank (a race in PyTorch's gloo)."""
+    if store.add("done", 1) == WORLD:
+        store.set("all done", "1")
+    store.wait(["all done"])
+    if rank:
+        store.set(f"left {rank}", "1")
+    else:  # rank 0 serves the store: it leaves last
+        store.wait([f"left {r}" for r in range(1, WORLD)])
+
+
 def _worker(rank: int, port: int, out_path: str) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
-    )
+    store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=rank == 0)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
     try:
         torch.manual_seed(0)
         model = torch.nn.parallel.DistributedDataParallel(Tagger().double())
@@ -68,8 +80,7 @@ def _worker(rank: int, port: int, out_path: str) -> None:
         grads, weights = train(model, x[shard], lengths[shard], 1.0 * WORLD / BATCH)
         if rank == 0:
             torch.save({"grads": grads, "weights": weights}, out_path)
-        # both ranks done before either tears its process group down
-        dist.barrier()
+        _leave_together(store, rank)
     finally:
         dist.destroy_process_group()
 
