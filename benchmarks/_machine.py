@@ -331,6 +331,16 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else math.nan
 
 
+def median_ms(fn: Any, reps: int) -> float:
+    """Median wall time of ``reps`` calls of ``fn()``, in milliseconds."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
 if __name__ == "__main__":  # probe child: python _machine.py probe numpy|torch [dtype ...]
     if len(sys.argv) < 3 or sys.argv[1] != "probe" or sys.argv[2] not in ("numpy", "torch"):
         raise SystemExit("usage: python _machine.py probe numpy|torch [float32] [float16]")

@@ -20,13 +20,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from lstmgrad.machine import cpu_model, visible_cpus
 from lstmgrad.nn import LSTM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import median_ms  # noqa: E402
 
 # id: T, B, I, H, num_layers, bidirectional
 SHAPES = {
@@ -62,15 +65,6 @@ def _pair(shape: str, mode: str) -> tuple[Callable, Callable]:
     return _step(ref, x, autocast), _step(ours, x, autocast)
 
 
-def _ms(fn: Callable, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="med-3,small")
@@ -91,11 +85,11 @@ def main() -> int:
             if failed:
                 print(f"{shape:7s} {mode:14s} {'; '.join(failed)}")
                 continue
-            reps = max(2, int(0.3 / max(1e-3, _ms(sides[1], 1) / 1e3)))
+            reps = max(2, int(0.3 / max(1e-3, median_ms(sides[1], 1) / 1e3)))
             times: list[list[float]] = [[], []]
             for r in range(args.rounds):
                 for s in (0, 1) if r % 2 == 0 else (1, 0):
-                    times[s].append(_ms(sides[s], reps))
+                    times[s].append(median_ms(sides[s], reps))
             ratio = statistics.median(a / b for a, b in zip(*times, strict=True))
             t_ms, o_ms = (statistics.median(ts) for ts in times)
             print(f"{shape:7s} {mode:14s} {t_ms:10.2f} {o_ms:12.2f} {ratio:6.2f}x")

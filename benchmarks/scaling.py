@@ -14,7 +14,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numba
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import median_ms  # noqa: E402
 from shapes import BY_ID, make_case  # noqa: E402
 
 import lstmgrad  # noqa: E402
@@ -52,15 +52,6 @@ def _items(shape_id: str):
     return {"backward": backward, "forward+backward": forward_backward}
 
 
-def _median_ms(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="med-3,large-1,med-1,med-5")
@@ -82,12 +73,12 @@ def main() -> int:
         assert items is not None
         for name, fn in items.items():
             _set_threads(counts[0])
-            reps = max(3, int(0.3 / max(1e-3, _median_ms(fn, 1) / 1e3)))
+            reps = max(3, int(0.3 / max(1e-3, median_ms(fn, 1) / 1e3)))
             times: dict[int, list[float]] = {n: [] for n in counts}
             for r in range(args.rounds):
                 for n in counts if r % 2 == 0 else counts[::-1]:
                     _set_threads(n)
-                    times[n].append(_median_ms(fn, reps))
+                    times[n].append(median_ms(fn, reps))
             ratios = [a / b for a, b in zip(times[counts[0]], times[counts[-1]], strict=True)]
             row = {"shape": shape_id, "item": name,
                    **{f"ms_{n}": statistics.median(times[n]) for n in counts},

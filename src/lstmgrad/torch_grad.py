@@ -580,7 +580,7 @@ def lstm_backward_flat(
             input, params, h0, c0, dy, dh, dc, saved, batch_sizes, dropout_masks, has_bias,
             num_layers, dropout, train, bidirectional, batch_first, output_mask,
         )  # fmt: skip
-    flat = torch.cat([p.reshape(-1) for p in dps]) if dps else input.new_empty(0)
+    flat = flatten_params(dps) if dps else input.new_empty(0)
     return dx.clone(), dh0.clone(), dc0.clone(), flat
 
 
