@@ -323,3 +323,33 @@ def test_float32_exp_tanh_sigmoid_within_their_documented_ulps():
         if hi == 20.0:  # tanh and sigmoid saturate to 1 ulp of +-1 beyond
             assert max_ulps(t, np.tanh(xd)) <= 1.26
             assert max_ulps(s, 1.0 / (1.0 + np.exp(-xd))) <= 2.5
+
+
+@pytest.mark.parametrize("rows, cols", [(0, 5), (1, 1), (3, 5), (8, 8), (64, 64), (65, 129),
+                                        (200, 7), (513, 260), (2048, 64)])  # fmt: skip
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_transposes_match_numpy(rows, cols, dtype):
+    """The engine's tiled transposes (weights, dG, [x | h_prev]) against NumPy's, edges
+    included: sides that are not multiples of the tile, one row, no rows, column ranges."""
+    from lstmgrad.fused import kernels
+
+    a = np.random.default_rng(rows * 1000 + cols).standard_normal((rows, cols)).astype(dtype)
+    got = kernels.transposed(a)
+    assert got.flags.c_contiguous and np.array_equal(got, a.T)
+    assert np.array_equal(kernels.transposed(a.T), a)
+    back = kernels.contiguous(a.T)
+    assert back.flags.c_contiguous and np.array_equal(back, a.T)
+    assert kernels.contiguous(a) is a
+    c0, c1 = cols // 3, cols - cols // 4
+    flat = np.full(rows * cols + 3, -7.0, dtype=dtype)
+    kernels.transpose_cols(a.reshape(-1), cols, rows, c0, c1, flat)
+    want = np.full((cols, rows), -7.0, dtype=dtype)
+    want[c0:c1] = a.T[c0:c1]
+    assert np.array_equal(flat[: rows * cols].reshape(cols, rows), want)
+    assert np.all(flat[rows * cols :] == -7.0)  # nothing written past the result
+    if rows:
+        src = np.zeros((cols, rows + 5), dtype=dtype)
+        src[:, :rows] = a.T
+        dst = np.zeros((rows + 2, cols), dtype=dtype)
+        kernels.transpose_into(dst, src, rows)
+        assert np.array_equal(dst[:rows], a) and not dst[rows:].any()

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .fused.kernels import matmul_into, transpose_into
+from .fused.kernels import contiguous, matmul_into, transpose_into
 
 # (a, out) -> a @ b for a fixed b: in out, or in the library's own new result, returned
 FixedGemm = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -54,7 +54,7 @@ class Gemm(Protocol):
 def loop_product(b: np.ndarray) -> FixedGemm:
     """The "loop" method of :meth:`Gemm.fixed`: a Numba loop on one thread, no library call
     (its per-call overhead dominates tiny products)."""
-    bc = np.ascontiguousarray(b)  # the loop reads b by rows
+    bc = contiguous(b)  # the loop reads b by rows
 
     def loop(a: np.ndarray, out: np.ndarray) -> np.ndarray:
         matmul_into(a, bc, out)
@@ -67,7 +67,7 @@ def transposed_product(b: np.ndarray, rows: int, mm: Callable[..., Any]) -> Fixe
     """The "blas_t" method of :meth:`Gemm.fixed`: a @ b as (b^T a^T)^T, the library's product
     into a [N, rows] scratch and a tiled transpose (some BLAS run faster with the wide
     dimension as M than with a small batch); ``mm(x, y, out)`` is the library's product."""
-    bt = np.ascontiguousarray(b.T)  # [N, K]
+    bt = contiguous(b.T)  # [N, K]
     tmp = np.empty(bt.shape[0] * max(rows, 1), dtype=b.dtype)
 
     def transposed(a: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -100,7 +100,7 @@ class NumpyGemm:
             return loop_product(b)
         if method == "blas_t":
             return transposed_product(b, rows, lambda x, y, out: np.matmul(x, y, out=out))
-        b = np.ascontiguousarray(b)  # one layout for BLAS: results never depend on b's strides
+        b = contiguous(b)  # one layout for BLAS: results never depend on b's strides
 
         def product(a: np.ndarray, out: np.ndarray) -> np.ndarray:
             return np.matmul(a, b, out=out)

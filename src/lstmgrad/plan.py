@@ -242,7 +242,7 @@ def cache_dir() -> Path:
     return Path(base) / "lstmgrad"
 
 
-WISDOM_FORMAT = 2
+WISDOM_FORMAT = 3
 """The version of what a measurement holds: a store written with other candidates (an older
 lstmgrad) is measured again rather than read."""
 

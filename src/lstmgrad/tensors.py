@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .errors import LstmInvalidArgumentError
+from .fused.kernels import contiguous, transposed
 from .gemm import FixedGemm, loop_product, transposed_product
 from .machine import torch_threads
 
@@ -205,10 +206,12 @@ class TorchGemm:
 
             return plain
         linear = torch.ops.mkldnn._linear_pointwise
-        if method == "packed":
-            weight = torch.ops.mkldnn._reorder_linear_weight(tb.t(), max(rows, 1))
+        if method == "packed":  # reordered from a dense [N, K] copy: from a strided view it
+            # takes several times longer
+            weight = torch.from_numpy(contiguous(b.T))
+            weight = torch.ops.mkldnn._reorder_linear_weight(weight, max(rows, 1))
         else:
-            weight = torch.from_numpy(np.ascontiguousarray(b)).t()
+            weight = torch.from_numpy(contiguous(b)).t()
 
         def onednn(a: np.ndarray, out: np.ndarray) -> np.ndarray:
             ta = torch.from_numpy(a)
@@ -220,12 +223,12 @@ class TorchGemm:
         return onednn
 
     def tn(self, a: np.ndarray, bt: np.ndarray, method: str, /) -> np.ndarray:
-        # (a.T @ bt.T)^T = bt @ a, transposed back by torch's copy (a fast one)
+        # (a.T @ bt.T)^T = bt @ a, transposed back
         torch = self._torch
         res_t = self._linear(bt, a) if method == "onednn" else None
         if res_t is None:
             res_t = torch.mm(torch.from_numpy(bt), torch.from_numpy(a)).numpy()
-        return torch.from_numpy(res_t).t().contiguous().numpy()
+        return transposed(res_t)
 
     def nt(self, at: np.ndarray, b: np.ndarray, method: str, /) -> np.ndarray:
         product = self._linear(at, b) if method == "onednn" else None

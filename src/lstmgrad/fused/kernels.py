@@ -77,17 +77,71 @@ def matmul_into(a, b, out):  # pragma: no cover
 
 
 @_jit
+def transpose_region(src, dst, r0, r1, c0, c1):  # pragma: no cover
+    """dst[c, r] = src[r, c] for r0 <= r < r1, c0 <= c < c1 (2-D views). Cache-oblivious: the
+    region's longer side is halved (at multiples of 8) until a leaf of at most 64 x 64
+    remains, walked in 8 x 8 tiles, so neither side's stride (a power of two, often) makes
+    the tiles' lines evict each other whatever the caches' sizes."""
+    stack = np.empty((128, 4), np.int64)
+    stack[0, 0], stack[0, 1], stack[0, 2], stack[0, 3] = r0, r1, c0, c1
+    top = 1
+    while top > 0:
+        top -= 1
+        a, b, c, d = stack[top, 0], stack[top, 1], stack[top, 2], stack[top, 3]
+        if b - a <= 64 and d - c <= 64:
+            b8, d8 = a + (b - a) // 8 * 8, c + (d - c) // 8 * 8
+            for cc in range(c, d8, 8):
+                for rr in range(a, b8, 8):
+                    for x in range(cc, cc + 8):
+                        for y in range(rr, rr + 8):
+                            dst[x, y] = src[y, x]
+            for x in range(d8, d):
+                for y in range(a, b):
+                    dst[x, y] = src[y, x]
+            for x in range(c, d8):
+                for y in range(b8, b):
+                    dst[x, y] = src[y, x]
+            continue
+        if b - a >= d - c:  # halve the rows: the second half is pushed first, walked last
+            m = a + (b - a) // 16 * 8
+            m = m if m > a else (a + b) // 2
+            stack[top, 0], stack[top, 1], stack[top, 2], stack[top, 3] = m, b, c, d
+            stack[top + 1, 0], stack[top + 1, 1], stack[top + 1, 2], stack[top + 1, 3] = a, m, c, d
+        else:
+            m = c + (d - c) // 16 * 8
+            m = m if m > c else (c + d) // 2
+            stack[top, 0], stack[top, 1], stack[top, 2], stack[top, 3] = a, b, m, d
+            stack[top + 1, 0], stack[top + 1, 1], stack[top + 1, 2], stack[top + 1, 3] = a, b, c, m
+        top += 2
+
+
+@_jit
 def transpose_into(dst, src, n):  # pragma: no cover
-    """dst[:n, :] = src[:, :n].T in 16 x 16 tiles (src [W, >=n] C-contiguous, dst [>=n, W])."""
-    width = src.shape[0]
-    for j0 in range(0, width, 16):
-        j1 = min(j0 + 16, width)
-        for r0 in range(0, n, 16):
-            r1 = min(r0 + 16, n)
-            for r in range(r0, r1):
-                d = dst[r]
-                for j in range(j0, j1):
-                    d[j] = src[j, r]
+    """dst[:n, :] = src[:, :n].T (src [W, >=n], dst [>=n, W])."""
+    transpose_region(src, dst, 0, src.shape[0], 0, n)
+
+
+def transposed(a: np.ndarray) -> np.ndarray:
+    """a.T, C-contiguous (a 2-D): a new array written by :func:`transpose_region`, or ``a.T``
+    itself where that is already C-contiguous. NumPy's own transposing copy takes several
+    times longer on large matrices with power-of-two sides."""
+    if a.T.flags.c_contiguous:
+        return a.T
+    out = np.empty((a.shape[1], a.shape[0]), dtype=a.dtype)
+    if a.ndim == 2 and a.flags.c_contiguous and a.dtype in (np.float32, np.float64) and a.size:
+        transpose_region(a, out, 0, a.shape[0], 0, a.shape[1])
+    else:
+        np.copyto(out, a.T)
+    return out
+
+
+def contiguous(a: np.ndarray) -> np.ndarray:
+    """a C-contiguous (a 2-D), through :func:`transposed` where a is a transposed view."""
+    if a.flags.c_contiguous:
+        return a
+    if a.ndim == 2 and a.T.flags.c_contiguous:
+        return transposed(a.T)
+    return np.ascontiguousarray(a)
 
 
 @_jit
@@ -221,24 +275,9 @@ def gather_prev(s_h, s_c, h0, c0, ns, offsets, order, hp, hp_col, cp):  # pragma
 @_jit
 def transpose_cols(src, width, n, c0, c1, dst):  # pragma: no cover
     """dst[c, r] = src[r, c] for c0 <= c < c1, r < n: src [n, width] and dst [*, n], both
-    C-contiguous, given flat (1-D). 16 x 16 tiles, unsigned flat indices (no negative-index
-    wraparound per element): twice as fast as the 2-D indexed loop."""
-    sw, dn = np.uint64(width), np.uint64(n)
-    for r0 in range(0, n, 16):
-        for j0 in range(c0, c1, 16):
-            if r0 + 16 <= n and j0 + 16 <= c1:
-                for rr in range(16):
-                    r = np.uint64(r0 + rr)
-                    s0 = r * sw + np.uint64(j0)
-                    d0 = np.uint64(j0) * dn + r
-                    for jj in range(16):
-                        dst[d0 + np.uint64(jj) * dn] = src[s0 + np.uint64(jj)]
-            else:
-                for r in range(r0, min(r0 + 16, n)):
-                    for j in range(j0, min(j0 + 16, c1)):
-                        dst[np.uint64(j) * dn + np.uint64(r)] = src[
-                            np.uint64(r) * sw + np.uint64(j)
-                        ]
+    C-contiguous, given flat (1-D)."""
+    transpose_region(src[: n * width].reshape((n, width)), dst[: c1 * n].reshape((c1, n)),
+                     0, n, c0, c1)  # fmt: skip
 
 
 @_jit

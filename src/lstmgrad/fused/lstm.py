@@ -264,7 +264,7 @@ def lstm_forward(
                 acts = tuple(acts_buf)
                 y_d = layer_in[..., d * hidden : (d + 1) * hidden]  # free once xp is packed
             if plan.pair_walks or plan.walk:  # the whole step loop in one Numba call
-                w_t = np.ascontiguousarray(w_hh.T)  # [H, 4H]
+                w_t = kernels.transposed(w_hh)  # [H, 4H]
                 walk = walks.ForwardWalk._make((gx, w_t, bias, h, c, gh, st.orders[d], *acts, y_d))
                 if plan.pair_walks:
                     pair.append(walk)
