@@ -341,3 +341,62 @@ def test_in_place_change_before_backward_is_caught():
         ps[1].mul_(2.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+@pytest.mark.parametrize("back_end", ["numpy", "torch"])
+def test_prepared_weights_reused_only_within_the_block_and_for_registered_arrays(back_end):
+    """The recompute mode prepares each recurrent weight once for all segments: within
+    reusing_prepared a fixed product of a registered weight (or a view into it) is made once,
+    any other matrix's every time, and nothing is reused outside the block; the reused
+    products compute a @ b."""
+    from lstmgrad.gemm import NUMPY_GEMM, reusing_prepared
+    from lstmgrad.tensors import torch_gemm
+
+    gemm = NUMPY_GEMM if back_end == "numpy" else torch_gemm()
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 16)).astype(np.float32)
+    other = w.copy()
+    a = rng.standard_normal((5, 64)).astype(np.float32)
+    for method in gemm.fixed_methods(np.dtype(np.float32)):
+        assert gemm.fixed(w, method, 5) is not gemm.fixed(w, method, 5)
+        with reusing_prepared([w]):
+            first = gemm.fixed(w, method, 5)
+            assert gemm.fixed(w, method, 5) is first
+            assert gemm.fixed(w.T.T, method, 5) is first  # another view of the same memory
+            assert gemm.fixed(other, method, 5) is not gemm.fixed(other, method, 5)
+            assert gemm.fixed(w, method, 4) is not first  # prepared for another batch
+            fwd = gemm.fixed(w[:32].T, method, 5)  # [16, 32], a transposed view into w
+            assert gemm.fixed(w[:32].T, method, 5) is fwd
+            out = np.empty((5, 16), np.float32)
+            np.testing.assert_allclose(first(a, out), a @ w, rtol=1e-5, atol=1e-5)
+            out2 = np.empty((5, 32), np.float32)
+            np.testing.assert_allclose(fwd(a[:, :16], out2), a[:, :16] @ w[:32].T,
+                                       rtol=1e-5, atol=1e-5)  # fmt: skip
+        assert gemm.fixed(w, method, 5) is not first
+
+
+def test_recompute_prepares_each_recurrent_weight_once_per_layer_direction(monkeypatch):
+    """A recompute step with many segments prepares the recurrent weight once per (layer,
+    direction) and pass (checkpoint forward, backward), not once per segment."""
+    from lstmgrad import gemm as gemm_mod
+
+    calls = []
+    original = gemm_mod.NumpyGemm._fixed
+
+    def counting(self, b, method, rows):  # type: ignore[no-untyped-def]
+        calls.append(b.shape)
+        return original(self, b, method, rows)
+
+    monkeypatch.setattr(gemm_mod.NumpyGemm, "_fixed", counting)
+    t, b, i, h = 40, 3, 5, 6
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((t, b, i))
+    params = [rng.standard_normal(s) * 0.3 for s in [(4 * h, i), (4 * h, h), (4 * h,), (4 * h,)]]
+    dims = Dims(t, b, i, h, 1, 1, True)
+    zeros = np.zeros((1, b, h))
+    with lstmgrad.plan.forced(walk=False, pair_walks=False):
+        y, _, _, ck = recompute.forward(x, params, zeros, zeros, dims, 4)
+        calls_forward = len(calls)
+        recompute.backward(ck, np.ones_like(y), None, None)
+    assert calls_forward == 1  # ten segments, one preparation
+    assert len(calls) == 3  # the backward: the recomputing forward's and the backward's

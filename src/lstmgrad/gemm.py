@@ -7,7 +7,9 @@ A back end only multiplies: which of its methods runs a product is the execution
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -49,6 +51,58 @@ class Gemm(Protocol):
     def nt(self, at: np.ndarray, b: np.ndarray, method: str, /) -> np.ndarray: ...
 
     def threads(self) -> int: ...
+
+
+_prepared: contextvars.ContextVar[tuple[list[np.ndarray], dict] | None] = contextvars.ContextVar(
+    "lstmgrad_prepared_products", default=None
+)
+
+
+@contextlib.contextmanager
+def reusing_prepared(arrays: Sequence[np.ndarray]) -> Iterator[None]:
+    """Within the block, a fixed product (:meth:`Gemm.fixed`) of a matrix lying in one of
+    ``arrays`` is prepared (transposed, packed) once and reused: for callers that run many
+    calls over the same weights, which must not change while the block runs."""
+    token = _prepared.set(([a for a in arrays if isinstance(a, np.ndarray)], {}))
+    try:
+        yield
+    finally:
+        _prepared.reset(token)
+
+
+def _bounds(a: np.ndarray) -> tuple[int, int]:
+    """The first and one past the last byte address of a's elements (a not empty)."""
+    lo = hi = a.__array_interface__["data"][0]
+    for n, stride in zip(a.shape, a.strides, strict=True):
+        (lo, hi) = (lo + (n - 1) * stride, hi) if stride < 0 else (lo, hi + (n - 1) * stride)
+    return lo, hi + a.itemsize
+
+
+def _within(b: np.ndarray, arrays: list[np.ndarray]) -> bool:
+    """b's memory lies inside one of ``arrays`` of its dtype."""
+    if not b.size:
+        return False
+    lo, hi = _bounds(b)
+    for a in arrays:
+        if a.dtype == b.dtype and a.size:
+            a_lo, a_hi = _bounds(a)
+            if a_lo <= lo and hi <= a_hi:
+                return True
+    return False
+
+
+def prepared(kind: str, b: np.ndarray, method: str, rows: int,
+             make: Callable[[], FixedGemm]) -> FixedGemm:  # fmt: skip
+    """``make()``, or the product made for the same matrix and method earlier in a
+    :func:`reusing_prepared` block."""
+    scope = _prepared.get()
+    if scope is None or not _within(b, scope[0]):
+        return make()
+    key = (kind, b.__array_interface__["data"][0], b.shape, b.strides, b.dtype.str, method, rows)
+    product = scope[1].get(key)
+    if product is None:
+        product = scope[1][key] = make()
+    return product
 
 
 def loop_product(b: np.ndarray) -> FixedGemm:
@@ -96,6 +150,9 @@ class NumpyGemm:
         return np.matmul(a, b, out=scratch)
 
     def fixed(self, b: np.ndarray, method: str, rows: int) -> FixedGemm:
+        return prepared(self.kind, b, method, rows, lambda: self._fixed(b, method, rows))
+
+    def _fixed(self, b: np.ndarray, method: str, rows: int) -> FixedGemm:
         if method == "loop":
             return loop_product(b)
         if method == "blas_t":

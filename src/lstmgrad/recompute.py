@@ -18,9 +18,10 @@ each segment's weight gradient are rounded to float16 as results of a call.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +31,9 @@ from .api import check_memory, run_backward, run_forward
 from .contract import check_backward, check_forward
 from .errors import LstmInvalidArgumentError
 from .fused.lstm import backward_workspace_slots, forward_workspace_slots
-from .gemm import NUMPY_GEMM, Gemm
+from .gemm import NUMPY_GEMM, Gemm, reusing_prepared
 from .layout import B_HH, B_IH, W_IH, Dims, params_per_direction
-from .plan import SAFE, compute_dtype
+from .plan import SAFE, compute_dtype, forced, plan_for
 from .workspace import workspace_bytes
 
 __all__ = ["Checkpoints", "forward", "backward", "segment_length", "checkpoint_bytes"]
@@ -162,6 +163,18 @@ def _segments(dims: Dims, k: int, direction: int) -> list[tuple[int, int, int]]:
     return segs if direction == 0 else segs[::-1]
 
 
+@contextlib.contextmanager
+def _segment_plans(ck: Checkpoints, layer: int, gemm: Gemm | None) -> Iterator[None]:
+    """The segments of one layer prepare each recurrent weight once (transposed, packed) and
+    use the recurrent methods the whole sequence's plan picks: its preparation is paid once,
+    not once a segment."""
+    dims = ck.dims
+    whole = Dims(dims.T, dims.B, dims.layer_input_size(layer), dims.H, 1, 1, dims.has_bias)
+    plan = plan_for(whole, ck.dtype, gemm or NUMPY_GEMM)
+    with reusing_prepared(ck.params), forced(fwd_rec=plan.fwd_rec, bwd_rec=plan.bwd_rec):
+        yield
+
+
 class _Segment:
     """The arguments of one segment's single-layer unidirectional calls, time-reversed for the
     reverse direction."""
@@ -247,12 +260,13 @@ def forward(
             hs = np.empty((segs, batch, hidden), dtype=dtype)
             cs = np.empty_like(hs)
             h, c = h0[kk], c0[kk]
-            for j, a, b in _segments(dims, k, d):
-                hs[j], cs[j] = h, c
-                seg = _Segment(ck, layer, d, a, b)
-                res = seg.forward(h, c, False, gemm)
-                y[a:b, :, d * hidden : (d + 1) * hidden] = seg.unflip(res.output, batch)
-                h, c = res.hy[0], res.cy[0]
+            with _segment_plans(ck, layer, gemm):
+                for j, a, b in _segments(dims, k, d):
+                    hs[j], cs[j] = h, c
+                    seg = _Segment(ck, layer, d, a, b)
+                    res = seg.forward(h, c, False, gemm)
+                    y[a:b, :, d * hidden : (d + 1) * hidden] = seg.unflip(res.output, batch)
+                    h, c = res.hy[0], res.cy[0]
             hy[kk], cy[kk] = h, c
             ck.h.append(hs)
             ck.c.append(cs)
@@ -303,34 +317,9 @@ def backward(
             kk = layer * dims.D + d
             g_h = np.zeros((batch, hidden), dtype=dtype) if dh is None else dh[kk]
             g_c = np.zeros((batch, hidden), dtype=dtype) if dc is None else dc[kk]
-            for j, a, b in _segments(dims, ck.k, d)[::-1]:
-                seg = _Segment(ck, layer, d, a, b)
-                h0, c0 = ck.h[kk][j], ck.c[kk][j]
-                fwd = seg.forward(h0, c0, True, gemm)
-                dy_seg = None
-                if dy is not None:
-                    dy_seg = seg.flip(dy[a:b, :, d * hidden : (d + 1) * hidden])
-                call = check_backward(
-                    _FN, seg.x, [h0[None], c0[None]], seg.params, dy_seg, g_h[None], g_c[None],
-                    tuple(fwd.saved[:7]), seg.bs, dims.has_bias, 1, 0.0, True, False, False,
-                    [want_dx, True, True, need_dw], None,
-                )  # fmt: skip
-                del fwd
-                res = run_backward(call, None, "fused", gemm)
-                assert res.dh_prev is not None and res.dc_prev is not None
-                g_h, g_c = res.dh_prev[0], res.dc_prev[0]
-                if want_dx:
-                    assert dx is not None and res.dx is not None
-                    part = seg.unflip(res.dx, batch)
-                    if d == 0:
-                        dx[a:b] = part
-                    else:  # each direction's dx in the storage dtype, summed (docs/math.md)
-                        np.add(dx[a:b], part, out=dx[a:b])
-                if need_dw:
-                    assert res.dparams is not None
-                    first = dims.index(layer, d, W_IH)
-                    for n, p in enumerate(res.dparams):
-                        np.add(sums[first + n], p, out=sums[first + n])
+            with _segment_plans(ck, layer, gemm):
+                g_h, g_c = _backward_direction(ck, layer, d, dy, g_h, g_c, dx, want_dx,
+                                               need_dw, sums, gemm)  # fmt: skip
             dh_prev[kk], dc_prev[kk] = g_h, g_c
         if layer > 0:
             assert dx is not None
@@ -349,3 +338,44 @@ def backward(
         dc_prev if need_dc else None,
         dparams,
     )
+
+
+def _backward_direction(ck: Checkpoints, layer: int, d: int, dy: np.ndarray | None,
+                        g_h: np.ndarray, g_c: np.ndarray, dx: np.ndarray | None, want_dx: bool,
+                        need_dw: bool, sums: list[np.ndarray],
+                        gemm: Gemm | None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The segments of one (layer, direction), from the last its direction walks: each
+    recomputed, then differentiated with the gradients of its final state (g_h, g_c) carried
+    from the segment after it; dx and the weight-gradient sums accumulated in place. Returns
+    the gradients of the direction's initial state."""
+    dims, hidden, batch = ck.dims, ck.dims.H, ck.dims.B
+    kk = layer * dims.D + d
+    for j, a, b in _segments(dims, ck.k, d)[::-1]:
+        seg = _Segment(ck, layer, d, a, b)
+        h0, c0 = ck.h[kk][j], ck.c[kk][j]
+        fwd = seg.forward(h0, c0, True, gemm)
+        dy_seg = None
+        if dy is not None:
+            dy_seg = seg.flip(dy[a:b, :, d * hidden : (d + 1) * hidden])
+        call = check_backward(
+            _FN, seg.x, [h0[None], c0[None]], seg.params, dy_seg, g_h[None], g_c[None],
+            tuple(fwd.saved[:7]), seg.bs, dims.has_bias, 1, 0.0, True, False, False,
+            [want_dx, True, True, need_dw], None,
+        )  # fmt: skip
+        del fwd
+        res = run_backward(call, None, "fused", gemm)
+        assert res.dh_prev is not None and res.dc_prev is not None
+        g_h, g_c = res.dh_prev[0], res.dc_prev[0]
+        if want_dx:
+            assert dx is not None and res.dx is not None
+            part = seg.unflip(res.dx, batch)
+            if d == 0:
+                dx[a:b] = part
+            else:  # each direction's dx in the storage dtype, summed (docs/math.md)
+                np.add(dx[a:b], part, out=dx[a:b])
+        if need_dw:
+            assert res.dparams is not None
+            first = dims.index(layer, d, W_IH)
+            for n, p in enumerate(res.dparams):
+                np.add(sums[first + n], p, out=sums[first + n])
+    return g_h, g_c

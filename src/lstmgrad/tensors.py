@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import LstmInvalidArgumentError
 from .fused.kernels import contiguous, transposed
-from .gemm import FixedGemm, loop_product, transposed_product
+from .gemm import FixedGemm, loop_product, prepared, transposed_product
 from .machine import torch_threads
 
 
@@ -192,6 +192,9 @@ class TorchGemm:
         return scratch
 
     def fixed(self, b: np.ndarray, method: str, rows: int) -> FixedGemm:
+        return prepared(self.kind, b, method, rows, lambda: self._fixed(b, method, rows))
+
+    def _fixed(self, b: np.ndarray, method: str, rows: int) -> FixedGemm:
         torch = self._torch
         if method == "loop":
             return loop_product(b)
