@@ -32,6 +32,8 @@ SHAPES: dict[str, Dims] = {
 }
 DEFAULT_SHAPES = ("med-3", "small-2", "large-1")
 PEAK_GEMMS = ((2048, 1024, 1024), (3200, 1024, 1024))  # [M, K] x [K, N], float32
+# float16: smaller, because a CPU without float16 arithmetic runs it ~100x slower
+PEAK_GEMMS_F16 = ((256, 1024, 1024),)
 PEAK_BUDGET_S = 0.5  # per library
 BATCH_S = 0.05  # aimed seconds of one batch: its reps are chosen from the warm-up
 PAUSE_S = 0.1  # after each batch
@@ -50,41 +52,56 @@ def flops(dims: Dims, part: str) -> int:
     return sum(d * per * t * b * h * (h + (i if k == 0 else d * h)) for k in range(n_layers))
 
 
-def gemm_peak(torch: Any, lib: str) -> float:
-    """float32 GFLOP/s, the best PEAK_GEMMS product's median, with ``lib`` ("torch": torch.mm,
-    "numpy": numpy.matmul) into a preallocated output, after a warm-up."""
-    best = 0.0
-    for m, k, n in PEAK_GEMMS:
-        a, b, c = (np.ones(s, np.float32) for s in ((m, k), (k, n), (m, n)))
-        if lib == "torch":
-            a, b, c = (torch.from_numpy(v) for v in (a, b, c))
+def gemm_peak(
+    lib: str, dtype: str = "float32", budget_s: float = PEAK_BUDGET_S, max_runs: int = 10
+) -> dict[str, Any]:
+    """GFLOP/s of ``lib``'s GEMM ("torch": torch.mm, "numpy": numpy.matmul) into a preallocated
+    output, per product of PEAK_GEMMS (PEAK_GEMMS_F16 in float16): the median of at most
+    ``max_runs`` runs after a warm-up, ``budget_s`` seconds for all products (at least one run
+    each). ``gflops`` is the best product's."""
+    rng = np.random.default_rng(0)
+    mm: Any = np.matmul
+    conv: Any = np.asarray
+    if lib == "torch":
+        import torch
 
-        def mm(a: Any = a, b: Any = b, c: Any = c) -> None:
-            (torch.mm if lib == "torch" else np.matmul)(a, b, out=c)
-
-        mm()
-        end, ts = time.perf_counter() + PEAK_BUDGET_S / len(PEAK_GEMMS), list[float]()
-        while not ts or (len(ts) < 10 and time.perf_counter() < end):
+        mm, conv = torch.mm, torch.from_numpy
+    gemms = PEAK_GEMMS_F16 if dtype == "float16" else PEAK_GEMMS
+    products = {}
+    for m, k, n in gemms:
+        a, b, c = (conv(rng.standard_normal(s).astype(dtype)) for s in ((m, k), (k, n), (m, n)))
+        t0 = time.perf_counter()
+        mm(a, b, out=c)  # warm-up: thread pool start, packing buffers
+        if time.perf_counter() - t0 < budget_s / 20:  # a second one where it is cheap
+            mm(a, b, out=c)
+        end, ts = time.perf_counter() + budget_s / len(gemms), list[float]()
+        while not ts or (len(ts) < max_runs and time.perf_counter() < end):
             t0 = time.perf_counter()
-            mm()
+            mm(a, b, out=c)
             ts.append(time.perf_counter() - t0)
-        best = max(best, 2 * m * k * n / statistics.median(ts) / 1e9)
-        time.sleep(PAUSE_S)
-    return best
+        products[f"{m}x{k}x{n}"] = {"gflops": 2 * m * k * n / statistics.median(ts) / 1e9,
+                                    "runs": len(ts)}  # fmt: skip
+        time.sleep(PAUSE_S)  # the pool's threads go to sleep before the next measurement
+    best = max(v["gflops"] for v in products.values())
+    return {"lib": lib, "dtype": dtype, "gflops": best, "products": products}
+
+
+def threadpools() -> list[dict[str, Any]] | str:
+    """The BLAS and OpenMP libraries threadpoolctl sees in this process (optional import)."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "threadpoolctl not installed"
+    keys = ("user_api", "internal_api", "prefix", "version", "architecture", "num_threads")
+    return [{k: p.get(k) for k in (*keys, "filepath")} for p in threadpool_info()]
 
 
 def machine(torch: Any) -> dict[str, Any]:
     """CPU, cores, threads, BLAS / OpenMP libraries and the GEMM peaks measured in-process."""
     import numba
 
-    try:
-        from threadpoolctl import threadpool_info
-
-        keys = ("internal_api", "version", "architecture", "num_threads", "filepath")
-        pools: Any = [{k: p.get(k) for k in keys} for p in threadpool_info()]
-    except ImportError:
-        pools = "threadpoolctl not installed"
-    peak = {f"{lib}_float32": gemm_peak(torch, lib) for lib in ("torch", "numpy")}
+    pools = threadpools()
+    peak = {f"{lib}_float32": gemm_peak(lib)["gflops"] for lib in ("torch", "numpy")}
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {
         "cpu": cpu_model(), "cpu_count": os.cpu_count(), "affinity": affinity,
