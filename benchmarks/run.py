@@ -207,7 +207,8 @@ def measure_backward(
     """All measurements of one shape; noisy pairs are redone only within ``share_s`` seconds.
     ``peak``: GFLOP/s of each side's GEMM library, the denominators of the peak fractions."""
     t_start = time.perf_counter()
-    tset, lset = (ws[s].call("setup", shape=sh.to_dict(), dtype=args.dtype) for s in ws)
+    tset, lset = (ws[s].call("setup", shape=sh.to_dict(), dtype=args.dtype)
+                  for s in ("torch", "lstmgrad"))  # fmt: skip
     if lset["torch_imported"] and args.lstmgrad_input == "arrays":
         raise SystemExit("lstmgrad worker imported torch: the measurement would be invalid")
     pairs, timer = pairs_of(sh), Timer(ws, args.timing)

@@ -58,7 +58,7 @@ def reps_for(item: Item, least: int, budget_s: float = 0.3) -> int:
 def alternate(items: dict[str, Item], rounds: int, reps: int = 1) -> dict[str, list[float]]:
     """Per round, each item's median rep in ms; the items take turns, their order rotated every
     round, after a warm-up round that is not kept."""
-    names, out = list(items), {k: [] for k in items}
+    names, out = list(items), {k: list[float]() for k in items}
     for r in range(rounds + 1):
         for k in names[r % len(names) :] + names[: r % len(names)]:
             ms = 1e3 * statistics.median(time_reps(reps, *items[k]))

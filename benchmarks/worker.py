@@ -73,10 +73,7 @@ def info() -> dict:
 
 
 def imported() -> dict:
-    return {
-        "torch_imported": "torch" in sys.modules,
-        "lstmgrad_imported": "lstmgrad" in sys.modules,
-    }
+    return {f"{m}_imported": m in sys.modules for m in ("torch", "lstmgrad")}
 
 
 def time_item(item: str, n: int) -> list[float]:
@@ -97,15 +94,16 @@ def setup(shape: dict, dtype: str = "float32", seed: int = 0) -> dict:
     return {"items": list(ITEMS), **out, **imported()}
 
 
-def profile_ops(fn: Callable[[], Any], steps: int = 1) -> dict:
-    """``steps`` calls of ``fn`` under the autograd profiler: per-step self time of the top ops,
+def profile(item: str, steps: int = 3) -> dict:
+    """``steps`` runs of ``item`` under the autograd profiler: per-step self time of the top ops,
     inclusive time of the LSTM's own forward and backward ops, the RNN / LSTM / GEMM op names,
     and the path: "oneDNN" iff one of them holds mkldnn_rnn, else "native"."""
     import torch
 
+    timed, untimed = ITEMS[item]
     with torch.autograd.profiler.profile() as prof:
         for _ in range(steps):
-            fn()
+            timed(untimed() if untimed else None)
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
     top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
@@ -121,16 +119,10 @@ def profile_ops(fn: Callable[[], Any], steps: int = 1) -> dict:
         "top": [
             {"op": e.key, "self_ms": e.self_cpu_time_total / steps / 1e3, "calls": e.count / steps}
             for e in top
-        ],  # fmt: skip
+        ],
         "lstm_fwd_ms": incl("lstmgrad::lstm_forward", "aten::mkldnn_rnn_layer"),
         "lstm_bwd_ms": incl("lstmgrad::lstm_backward", "aten::mkldnn_rnn_layer_backward"),
     }
-
-
-def profile(item: str, steps: int = 3) -> dict:
-    """Where ``steps`` runs of ``item`` spend their time (after the timings)."""
-    timed, untimed = ITEMS[item]
-    return profile_ops(lambda: timed(untimed() if untimed else None), steps)
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,7 +193,11 @@ def _setup_torch(sh: Shape, dtype: str) -> dict:
         torch.autograd.backward([y, hn, cn], [g, dh, dc])
 
     def fresh(inp: Any, packed: bool) -> Callable[[], tuple]:
-        return lambda: (clear(), fwd(inp, packed))[1]
+        def untimed() -> tuple:
+            clear()
+            return fwd(inp, packed)
+
+        return untimed
 
     def fwdbwd(inp: Any, packed: bool) -> Callable[[Any], None]:
         return lambda _: bwd(fwd(inp, packed))
@@ -442,7 +438,7 @@ def _build(sh: Shape, dtype: str, seed: int) -> dict:
     for name, t in model.state_dict().items():
         h.update(name.encode() + str(tuple(t.shape)).encode())
         h.update(t.detach().contiguous().numpy().tobytes())
-    return {"model": model, "lengths": lengths, "x": x.to(model.inp.weight.dtype),
+    return {"model": model, "lengths": lengths, "x": x.to(getattr(torch, dtype)),
             "targets_packed": pack(targets, lengths).data if sh.varlen else None,
             "targets_masked": targets.masked_fill(pad, IGNORE).reshape(-1),
             "opt": torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
