@@ -2,8 +2,9 @@
 the facts of the header (git, CPU, quota, thread pools, measured GEMM peaks) and statistics.
 
 Imports NumPy only (the parents import neither torch nor lstmgrad). The library facts and GEMM
-peaks come from ``python _machine.py probe numpy|torch``: one child process per library, so
-that one BLAS runtime's threads cannot disturb the other's measurement.
+peaks come from ``python _machine.py probe numpy|torch`` (``lstmgrad.bench.probe``): one child
+process per library, so that one BLAS runtime's threads cannot disturb the other's
+measurement.
 """
 
 from __future__ import annotations
@@ -78,33 +79,6 @@ def git_state() -> dict:
             return ""
 
     return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "src"))}
-
-
-def _probe(lib: str, dtypes: list[str]) -> dict:
-    """The probe child's answer: versions, threads, thread pools and GEMM peaks of ``lib``."""
-    from lstmgrad.bench import gemm_peak, threadpools
-
-    out: dict[str, Any] = {"lib": lib, "version": np.__version__}
-    if lib == "torch":
-        import torch
-
-        cfg = torch.__config__.show().splitlines()
-        blas = next(
-            (ln.split("BLAS_INFO=")[1].split(",")[0] for ln in cfg if "BLAS_INFO=" in ln), "?"
-        )
-        onednn = next((ln.strip("- ").split(" (Git")[0] for ln in cfg if "MKL-DNN" in ln), "?")
-        out.update(version=torch.__version__, num_threads=torch.get_num_threads(), blas=blas,
-                   onednn=onednn, cpu_capability=torch.backends.cpu.get_cpu_capability())  # fmt: skip
-    out["peak"] = {dt: gemm_peak(lib, dt, budget_s=1.0, max_runs=15) for dt in dtypes}
-    out["threadpools"] = threadpools()
-    if lib == "numpy":  # after the GEMMs: asking Numba its thread count starts its pool
-        import numba
-
-        from lstmgrad.machine import _cgroup_cpus, cpu_model
-
-        out.update(numba=numba.__version__, numba_threads=numba.get_num_threads())
-        out.update(cpu=cpu_model(), cgroup_cpu_quota=_cgroup_cpus())
-    return out
 
 
 def probe_machine(dtype: str = "float32") -> dict:
@@ -225,4 +199,6 @@ def med(xs: list[float]) -> float:
 if __name__ == "__main__":  # probe child: python _machine.py probe numpy|torch [dtype ...]
     if len(sys.argv) < 3 or sys.argv[1] != "probe" or sys.argv[2] not in ("numpy", "torch"):
         raise SystemExit("usage: python _machine.py probe numpy|torch [float32] [float16]")
-    print(json.dumps(_probe(sys.argv[2], sys.argv[3:] or ["float32"])))
+    from lstmgrad.bench import probe
+
+    print(json.dumps(probe(sys.argv[2], tuple(sys.argv[3:]) or ("float32",), 1.0, 15)))

@@ -484,25 +484,24 @@ def report(doc: dict) -> list[str]:
 def plot(doc: dict, path: Path) -> None:
     """The speedup chart: per shape, backward and forward + backward (--what backward) or the
     step (--what step; varlen shapes against torch's packed and padded runs)."""
-    m, bars = doc["meta"], []
-    lg, torch = m["lstmgrad_worker"]["lstmgrad"], m["torch_worker"]["torch"]
-    when = f"{m['cpu']}, {m['affinity']} cores, {m['date'][:10]}"
+    m, bars, step = doc["meta"], [], doc["config"]["what"] == "step"
     for r in doc["results"]:
         sid, s = r["shape"]["id"], r["summary"]
-        if doc["config"]["what"] == "step" and r["shape"]["lengths_range"]:
+        if step and r["shape"]["lengths_range"]:
             bars += [(sid, "varlen: vs torch packed (target 2x)", s),
                      (sid, "varlen: vs torch padded", s["padded"])]  # fmt: skip
-        elif doc["config"]["what"] == "step":
+        elif step:
             bars.append((sid, "dense: vs torch (oneDNN)", s))
-        for name in ("bwd", "fwdbwd", "bwd_dense", "fwdbwd_dense"):
-            if doc["config"]["what"] == "backward" and name in s:
+        else:
+            for name in (n for n in ("bwd", "fwdbwd", "bwd_dense", "fwdbwd_dense") if n in s):
                 v = variant(r, name)
-                label = sid + ("" if v == "dense" else f"\n({v})")
-                bars.append((label, "backward" if name.startswith("bwd") else "forward+backward",
-                             s[name]))  # fmt: skip
-    if doc["config"]["what"] == "step":
-        chart(bars, path, f"training step: lstmgrad.nn.LSTM {lg} vs torch.nn.LSTM {torch}\n{when}",
-              "speedup (torch ms / lstmgrad ms per step)")  # fmt: skip
+                item = "backward" if name.startswith("bwd") else "forward+backward"
+                bars.append((sid + ("" if v == "dense" else f"\n({v})"), item, s[name]))
+    lg, torch = m["lstmgrad_worker"]["lstmgrad"], m["torch_worker"]["torch"]
+    when = f"{m['cpu']}, {m['affinity']} cores, {m['date'][:10]}"
+    if step:
+        title = f"training step: lstmgrad.nn.LSTM {lg} vs torch.nn.LSTM {torch}\n{when}"
+        chart(bars, path, title, "speedup (torch ms / lstmgrad ms per step)")
     else:
         chart(bars, path, f"lstmgrad {lg} vs torch {torch}, {when}",
               "speedup over PyTorch (torch ms / lstmgrad ms)")  # fmt: skip

@@ -96,20 +96,45 @@ def threadpools() -> list[dict[str, Any]] | str:
     return [{k: p.get(k) for k in (*keys, "filepath")} for p in threadpool_info()]
 
 
-def machine(torch: Any) -> dict[str, Any]:
-    """CPU, cores, threads, BLAS / OpenMP libraries and the GEMM peaks measured in-process."""
-    import numba
+def probe(
+    lib: str, dtypes: tuple[str, ...] = ("float32",), budget_s: float = PEAK_BUDGET_S,
+    max_runs: int = 10,
+) -> dict[str, Any]:  # fmt: skip
+    """Version, threads, thread pools and GEMM peaks (:func:`gemm_peak`, per dtype) of ``lib``
+    ("numpy" or "torch") in this process; with "numpy" also Numba's version and threads, the CPU
+    model and the cgroup quota. Imports ``lib``."""
+    out: dict[str, Any] = {"lib": lib, "version": np.__version__}
+    if lib == "torch":
+        import torch
 
-    pools = threadpools()
-    peak = {f"{lib}_float32": gemm_peak(lib)["gflops"] for lib in ("torch", "numpy")}
+        cfg = torch.__config__.show().splitlines()
+        blas = next(
+            (ln.split("BLAS_INFO=")[1].split(",")[0] for ln in cfg if "BLAS_INFO=" in ln), "?"
+        )
+        onednn = next((ln.strip("- ").split(" (Git")[0] for ln in cfg if "MKL-DNN" in ln), "?")
+        out.update(version=torch.__version__, num_threads=torch.get_num_threads(), blas=blas,
+                   onednn=onednn, cpu_capability=torch.backends.cpu.get_cpu_capability())  # fmt: skip
+    out["peak"] = {dt: gemm_peak(lib, dt, budget_s, max_runs) for dt in dtypes}
+    out["threadpools"] = threadpools()
+    if lib == "numpy":  # after the GEMMs: asking Numba its thread count starts its pool
+        import numba
+
+        out.update(numba=numba.__version__, numba_threads=numba.get_num_threads())
+        out.update(cpu=cpu_model(), cgroup_cpu_quota=_cgroup_cpus())
+    return out
+
+
+def machine() -> dict[str, Any]:
+    """CPU, cores, threads, BLAS / OpenMP libraries and the GEMM peaks measured in-process."""
+    t, n = probe("torch"), probe("numpy")
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {
-        "cpu": cpu_model(), "cpu_count": os.cpu_count(), "affinity": affinity,
-        "cgroup_cpu_quota": _cgroup_cpus(), "python": platform.python_version(),
-        "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-        "numpy": np.__version__, "numba": numba.__version__,
-        "numba_threads": numba.get_num_threads(), "threadpools": pools,
-        "env": {k: os.environ.get(k) for k in ENV_KEYS}, "peak_gflops": peak,
+        "cpu": n["cpu"], "cpu_count": os.cpu_count(), "affinity": affinity,
+        "cgroup_cpu_quota": n["cgroup_cpu_quota"], "python": platform.python_version(),
+        "torch": t["version"], "torch_threads": t["num_threads"], "numpy": n["version"],
+        "numba": n["numba"], "numba_threads": n["numba_threads"], "threadpools": n["threadpools"],
+        "env": {k: os.environ.get(k) for k in ENV_KEYS},
+        "peak_gflops": {f"{p['lib']}_float32": p["peak"]["float32"]["gflops"] for p in (t, n)},
         "peak_note": "median of each product, measured in this process",
     }  # fmt: skip
 
@@ -258,7 +283,7 @@ def run(
         raise TorchMissing(str(torch_missing("lstmgrad bench"))) from exc
     say = progress or (lambda _: None)
     config = {"dtype": dtype, "rounds": rounds, "input": inp, "batch_s": BATCH_S}
-    doc: dict[str, Any] = {"machine": machine(torch), "config": config, "results": []}
+    doc: dict[str, Any] = {"machine": machine(), "config": config, "results": []}
     say(doc)
     for name, dims in shapes.items():
         res = bench_shape(torch, name, dims, dtype, inp, rounds, doc["machine"]["peak_gflops"])
