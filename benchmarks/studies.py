@@ -167,7 +167,7 @@ def _memory_run(config: str, side: str, args: argparse.Namespace) -> dict[str, A
 def memory_table(doc: dict) -> list[str]:
     """The results as a Markdown table, ratios against torch's run of the same configuration."""
     h = doc["header"]
-    out = [f"# {h['date']}, {h['cpu']}, float32, {h['threads'] or 'default'} thread(s), "
+    out = [f"# {h['date']}, {h['cpu']}, {h['cores']} cores, float32, {h['threads'] or 'default'} thread(s), "
            f"RLIMIT_AS {h['limit_gib']:g} GiB per process",
            "| config (B=8, I=H=512) | side | peak RSS GiB | step's own GiB | step s | "
            "peak vs torch | own vs torch | time vs torch |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -207,10 +207,13 @@ def memory(args: argparse.Namespace) -> dict | None:
         for s in MEMORY_SIDES[1:]:
             models[s].load_state_dict(models["torch"].state_dict())
         x = torch.randn(args.interleaved, 8, 512)
-        times = alternate({s: (lambda _, m=m: _train_step(m, x), None) for s, m in models.items()},
-                          args.rounds)  # fmt: skip
+        items: dict[str, Item] = {
+            s: (lambda _, m=m: _train_step(m, x), None) for s, m in models.items()
+        }
+        times = alternate(items, args.rounds)
+        ratios = {s: ratio(times[s], times["torch"]) for s in MEMORY_SIDES[1:]}
         out = {"T": args.interleaved, "layers": 1, "bidirectional": False, "times_ms": times,
-               "median_ratio_vs_torch": {s: ratio(times[s], times["torch"]) for s in MEMORY_SIDES[1:]}}  # fmt: skip
+               "median_ratio_vs_torch": ratios}  # fmt: skip
         print(json.dumps(out))
         return out
     from lstmgrad.machine import cpu_model
@@ -267,12 +270,12 @@ def scaling(args: argparse.Namespace) -> dict:
             reps = reps_for(items[name], 3)
             times = alternate({str(n): (timed, lambda n=n: set_threads(n)) for n in counts},
                               args.rounds, reps)  # fmt: skip
-            row = {"shape": shape_id, "item": label, **{f"ms_{n}": statistics.median(times[str(n)])
-                   for n in counts}, "speedup": ratio(times["1"], times[str(counts[-1])])}  # fmt: skip
-            rows.append(row)
-            print(f"{shape_id:8s} {label:17s} "
-                  + "  ".join(f"{n} thr {row[f'ms_{n}']:.1f} ms" for n in counts)
-                  + f"  speedup {row['speedup']:.2f}x")  # fmt: skip
+            ms = {n: statistics.median(times[str(n)]) for n in counts}
+            speedup = ratio(times["1"], times[str(counts[-1])])
+            rows.append({"shape": shape_id, "item": label, "speedup": speedup,
+                         **{f"ms_{n}": v for n, v in ms.items()}})  # fmt: skip
+            each = "  ".join(f"{n} thr {v:.1f} ms" for n, v in ms.items())
+            print(f"{shape_id:8s} {label:17s} {each}  speedup {speedup:.2f}x")
     return {"rows": rows}
 
 
@@ -376,14 +379,19 @@ def double_backward(args: argparse.Namespace) -> dict:
     if err > (1e-3 if args.dtype == "float32" else 1e-10):
         raise SystemExit(2)
     out: dict[str, Any] = {"shape": args.shape, "dtype": args.dtype, "penalty_rel_diff": err}
-    for name, item in (
-        ("backward", lambda m: (lambda s: torch.autograd.grad(s, [x, *m.parameters()]), lambda: loss(m))),
-        ("double-backward step", lambda m: (lambda _: penalty(m), None)),
-    ):  # fmt: skip
+
+    def first_order(m: Any) -> Item:  # the forward and the loss untimed
+        return lambda s: torch.autograd.grad(s, [x, *m.parameters()]), lambda: loss(m)
+
+    def double_step(m: Any) -> Item:
+        return lambda _: penalty(m), None
+
+    for name, item in (("backward", first_order), ("double-backward step", double_step)):
         times = alternate({k: item(m) for k, m in models.items()}, args.rounds)
         out[name] = times | {"ratio": ratio(times["lstmgrad"], times["torch"])}
-        print(f"{name:22s} torch {statistics.median(times['torch']):8.1f} ms   lstmgrad "
-              f"{statistics.median(times['lstmgrad']):8.1f} ms   lstmgrad/torch {out[name]['ratio']:.2f}")  # fmt: skip
+        t_ms, l_ms = (statistics.median(times[k]) for k in ("torch", "lstmgrad"))
+        print(f"{name:22s} torch {t_ms:8.1f} ms   lstmgrad {l_ms:8.1f} ms   lstmgrad/torch "
+              f"{out[name]['ratio']:.2f}")  # fmt: skip
     return out
 
 
@@ -406,56 +414,52 @@ def _precision_case(seed: int, layers: int, dirs: int, varlen: bool) -> tuple:
     return params, x, hx, dy, rng.standard_normal((layers * dirs, b, h)), bs
 
 
+def _cast(v: Any, dt: Any) -> Any:
+    return [_cast(a, dt) for a in v] if isinstance(v, (list, tuple)) else v.astype(dt)
+
+
+def _precision_errors(impl: str, dtype: Any, case: list, bs: Any, kw: dict) -> tuple[float, float]:
+    """The largest errors of ``impl`` in ``dtype`` on one case: the backward alone (from the
+    float64 forward's saved activations cast down) and forward + backward."""
+    import lstmgrad
+
+    def bwd(c: list, saved: list, impl: str) -> list:
+        p, x, hx, dy, dh = c
+        res = lstmgrad.lstm_backward(x, hx, p, dy, dh, dh, *saved, bs, impl=impl, **kw)
+        return [res.dx, res.dh_prev, res.dc_prev, *res.dparams]
+
+    def saved(c: list, impl: str) -> list:
+        return lstmgrad.lstm_forward(c[1], c[0], c[2], bs, impl=impl, **kw).saved[:7]
+
+    low = _cast(case, dtype)
+    ref = _cast(low, np.float64)  # the reference on the low-precision values
+    saved_ref = saved(ref, "reference")
+    saved_low = _cast(saved_ref, dtype)
+    alone = map(
+        rel_err, bwd(low, saved_low, impl), bwd(ref, _cast(saved_low, np.float64), "reference")
+    )
+    both = map(rel_err, bwd(low, saved(low, impl), impl), bwd(ref, saved_ref, "reference"))
+    return max(alone), max(both)
+
+
 def precision(args: argparse.Namespace) -> dict:
     """Inputs drawn in float64 and cast to the low dtype; the float64 reference runs on the cast
     values cast back, so the error is the engine's own: max|got - want| / max|want| over dx,
-    dh_prev, dc_prev and dparams. "backward alone" starts from the float64 forward's saved
-    activations cast down."""
-    import lstmgrad
-
-    def cast(v: Any, dt: Any) -> Any:
-        return [cast(a, dt) for a in v] if isinstance(v, (list, tuple)) else v.astype(dt)
-
-    def grads(res: Any) -> list:
-        return [res.dx, res.dh_prev, res.dc_prev, *res.dparams]
-
+    dh_prev, dc_prev and dparams, the largest over every case and seed."""
     print("| engine | dtype | backward alone (same saved activations) | forward + backward |")
     print("|---|---|---|---|")
     rows = []
     for impl in ("fused", "reference"):
-        for dtype in (np.float32, np.float16):
-            e_bwd = e_fb = 0.0
+        for dtype in ("float32", "float16"):
+            errs = []
             for layers, dirs, varlen in PRECISION_CASES:
                 kw = {"num_layers": layers, "bidirectional": dirs == 2}
                 for seed in range(6):
                     *case, bs = _precision_case(seed, layers, dirs, varlen)
-                    low = cast(case, dtype)
-                    ref = cast(low, np.float64)
-
-                    def bwd(c: list, saved: list, impl: str, bs: Any = bs, kw: dict = kw) -> list:
-                        p, x, hx, dy, dh = c
-                        return grads(
-                            lstmgrad.lstm_backward(
-                                x, hx, p, dy, dh, dh, *saved, bs, impl=impl, **kw
-                            )
-                        )
-
-                    def fwd(c: list, impl: str, bs: Any = bs, kw: dict = kw) -> list:
-                        return lstmgrad.lstm_forward(c[1], c[0], c[2], bs, impl=impl, **kw).saved[
-                            :7
-                        ]
-
-                    saved_ref = fwd(ref, "reference")
-                    saved_low = cast(saved_ref, dtype)
-                    want_alone = bwd(ref, cast(saved_low, np.float64), "reference")
-                    got = bwd(low, saved_low, impl)
-                    e_bwd = max(e_bwd, *map(rel_err, got, want_alone))
-                    got_fb = bwd(low, fwd(low, impl), impl)
-                    e_fb = max(e_fb, *map(rel_err, got_fb, bwd(ref, saved_ref, "reference")))
-            rows.append(
-                {"engine": impl, "dtype": np.dtype(dtype).name, "backward": e_bwd, "fwd_bwd": e_fb}
-            )
-            print(f"| {impl} | {np.dtype(dtype).name} | {e_bwd:.1e} | {e_fb:.1e} |")
+                    errs.append(_precision_errors(impl, np.dtype(dtype), case, bs, kw))
+            e_bwd, e_fb = (max(e) for e in zip(*errs, strict=True))
+            rows.append({"engine": impl, "dtype": dtype, "backward": e_bwd, "fwd_bwd": e_fb})
+            print(f"| {impl} | {dtype} | {e_bwd:.1e} | {e_fb:.1e} |")
     return {"rows": rows}
 
 
