@@ -318,6 +318,8 @@ def lowp(args: argparse.Namespace) -> dict:
     """Modes: bf16, f16 (module and input in that dtype), autocast-bf16, autocast-f16 (float32
     module and input under torch.autocast("cpu")), f32, proj. A side that raises (torch's CPU
     LSTM under float16 autocast) is reported as such."""
+    import torch  # noqa: F401 (its version in the header)
+
     print(header("torch"))
     print(f"{'shape':7s} {'mode':14s} {'torch ms':>10s} {'lstmgrad ms':>12s} {'ratio':>7s}")
     rows = []
