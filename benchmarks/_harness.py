@@ -1,11 +1,10 @@
-"""What run.py and train_step.py share: the timing core (batches timed in worker processes while
-other processes' CPU use is watched, a warm-up, rep counts calibrated per item, interleaved
-rounds whose noisy groups are redone), their options, files, header, pair statistics, tables
-and chart.
+"""run.py's timing core (batches timed in worker processes while other processes' CPU use is
+watched, a warm-up, rep counts calibrated per item, interleaved rounds whose noisy groups are
+redone), its files and header, pair statistics, tables and chart.
 
 An item is (side, name): ``side`` a key of the workers given, ``name`` what its worker's "time"
 request runs. A group is a list of items timed back to back, in reverse order every other
-round (run.py: one group per torch/lstmgrad pair; train_step.py: one group of every item).
+round (--what backward: one group per torch/lstmgrad pair; --what step: one group of all).
 """
 
 from __future__ import annotations
@@ -127,33 +126,7 @@ def ms_rounds(rounds: list[dict[str, dict]], item_key: str) -> list[float]:
 
 
 # --------------------------------------------------------------------------------------------
-# what run.py and train_step.py share around the timings: options, the run's files and header,
-# the per-shape loop, pair statistics, tables and the chart
-
-
-def add_options(ap: argparse.ArgumentParser, rounds: int, unit: str, budget_s: float) -> None:
-    """The options both parents take; ``unit`` names what a redo repeats ("pair", "round")."""
-    ap.add_argument("--shapes", help="comma-separated shape ids (default: all 12)")
-    ap.add_argument("--rounds", type=int, help=f"timed rounds (default {rounds}; 2 with --quick)")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 2 rounds, short batches")
-    ap.add_argument("--json", type=Path, help="results (default benchmarks/results/...json)")
-    ap.add_argument("--png", type=Path, help="speedup chart (default benchmarks/results/...png)")
-    ap.add_argument("--target-s", type=float, help="seconds of timed work per batch")
-    ap.add_argument("--dtype", choices=("float32", "float16"), default="float32")
-    ap.add_argument("--pause-s", type=float, default=0.2, help="pause after each batch")
-    ap.add_argument(
-        "--noise-cores",
-        type=float,
-        default=0.25,
-        help=f"redo a {unit} when other processes used more than this many cores (default 0.25)",
-    )
-    ap.add_argument("--max-retries", type=int, default=2, help=f"redos per {unit} (default 2)")
-    ap.add_argument(
-        "--budget-s",
-        type=float,
-        default=budget_s,
-        help=f"seconds for all shapes' timings; redos stop past a shape's share ({budget_s:g})",
-    )
+# around the timings: the run's files and header, the per-shape loop, statistics, tables, chart
 
 
 class Session:

@@ -26,8 +26,6 @@ def encode(a: Any) -> Any:
     """A NumPy array (or a list/tuple/dict of them, or None) as JSON-able data."""
     import numpy as np
 
-    if a is None:
-        return None
     if isinstance(a, np.ndarray):
         return {"dtype": str(a.dtype), "shape": list(a.shape), "data": a.ravel().tolist()}
     if isinstance(a, (list, tuple)):

@@ -21,32 +21,18 @@ LENGTHS_SEED = 1234  # seed of the varlen lengths draw
 DATA_SEED = 0  # seed of the input / weight / gradient values
 
 
-def lstm_flops(
-    rows: int,
-    I: int,
-    H: int,
-    L: int,
-    D: int,
-    part: str = "backward",
-    dx: bool = True,  # noqa: E741
-) -> int:
+def lstm_flops(rows: int, I: int, H: int, L: int, D: int, part: str = "backward", dx: bool = True) -> int:  # fmt: skip
     """GEMM FLOPs of an LSTM's ``part`` ("backward", "forward" or "fwd_bwd") over ``rows``
     active (time, batch) rows, as the module docstring counts them; ``dx=False`` drops layer
     0's dx GEMM, 8*rows*H*I, from the backward (output_mask)."""
-    if part == "fwd_bwd":
-        return lstm_flops(rows, I, H, L, D, "forward") + lstm_flops(
-            rows, I, H, L, D, "backward", dx
-        )
-    if part not in ("backward", "forward"):
+    per_mac = {"backward": 16, "forward": 8, "fwd_bwd": 24}.get(part)
+    if per_mac is None:
         raise ValueError(f"part must be 'backward', 'forward' or 'fwd_bwd', got {part!r}")
-    per_mac = 16 if part == "backward" else 8
     total = 0
     for layer in range(L):
         il = I if layer == 0 else D * H
-        per = per_mac * rows * H * (H + il)
-        if part == "backward" and layer == 0 and not dx:
-            per -= 8 * rows * H * il
-        total += D * per
+        no_dx = part != "forward" and layer == 0 and not dx
+        total += D * rows * H * (per_mac * (H + il) - 8 * il * no_dx)
     return total
 
 
@@ -116,15 +102,8 @@ class Shape:
         if self.lengths_range is not None:
             lo = max(1, round(self.lengths_range[0] * t / self.T))
             lr = (min(lo, t), t)
-        return replace(
-            self,
-            id=f"{self.id}-gate",
-            T=t,
-            B=min(self.B, 5),
-            I=max(5, self.I // 16),
-            H=max(5, self.H // 16),
-            lengths_range=lr,
-        )
+        return replace(self, id=f"{self.id}-gate", T=t, B=min(self.B, 5), I=max(5, self.I // 16),
+                       H=max(5, self.H // 16), lengths_range=lr)  # fmt: skip
 
     def label(self) -> str:
         s = f"T{self.T}-B{self.B}-I{self.I}-H{self.H}-L{self.L}-D{self.D}"
@@ -133,9 +112,7 @@ class Shape:
         return s
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["lengths_range"] = list(self.lengths_range) if self.lengths_range else None
-        return d
+        return asdict(self)
 
     @staticmethod
     def from_dict(d: dict) -> Shape:
@@ -207,14 +184,5 @@ def make_case(
         dy[pad] = pad_value
         x = x.reshape(t * b, shape.I)
         dy = dy.reshape(t * b, shape.D * h)
-    return {
-        "x": x,
-        "params": params,
-        "h0": h0,
-        "c0": c0,
-        "dy": dy,
-        "dh": dh,
-        "dc": dc,
-        "lengths": lengths,
-        "batch_sizes": batch_sizes,
-    }
+    return {"x": x, "params": params, "h0": h0, "c0": c0, "dy": dy, "dh": dh, "dc": dc,
+            "lengths": lengths, "batch_sizes": batch_sizes}  # fmt: skip

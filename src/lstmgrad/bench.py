@@ -32,6 +32,8 @@ SHAPES: dict[str, Dims] = {
 }
 DEFAULT_SHAPES = ("med-3", "small-2", "large-1")
 PEAK_GEMMS = ((2048, 1024, 1024), (3200, 1024, 1024))  # [M, K] x [K, N], float32
+# float16: smaller, because a CPU without float16 arithmetic runs it ~100x slower
+PEAK_GEMMS_F16 = ((256, 1024, 1024),)
 PEAK_BUDGET_S = 0.5  # per library
 BATCH_S = 0.05  # aimed seconds of one batch: its reps are chosen from the warm-up
 PAUSE_S = 0.1  # after each batch
@@ -50,49 +52,89 @@ def flops(dims: Dims, part: str) -> int:
     return sum(d * per * t * b * h * (h + (i if k == 0 else d * h)) for k in range(n_layers))
 
 
-def gemm_peak(torch: Any, lib: str) -> float:
-    """float32 GFLOP/s, the best PEAK_GEMMS product's median, with ``lib`` ("torch": torch.mm,
-    "numpy": numpy.matmul) into a preallocated output, after a warm-up."""
-    best = 0.0
-    for m, k, n in PEAK_GEMMS:
-        a, b, c = (np.ones(s, np.float32) for s in ((m, k), (k, n), (m, n)))
-        if lib == "torch":
-            a, b, c = (torch.from_numpy(v) for v in (a, b, c))
+def gemm_peak(
+    lib: str, dtype: str = "float32", budget_s: float = PEAK_BUDGET_S, max_runs: int = 10
+) -> dict[str, Any]:
+    """GFLOP/s of ``lib``'s GEMM ("torch": torch.mm, "numpy": numpy.matmul) into a preallocated
+    output, per product of PEAK_GEMMS (PEAK_GEMMS_F16 in float16): the median of at most
+    ``max_runs`` runs after a warm-up, ``budget_s`` seconds for all products (at least one run
+    each). ``gflops`` is the best product's."""
+    rng = np.random.default_rng(0)
+    mm: Any = np.matmul
+    conv: Any = np.asarray
+    if lib == "torch":
+        import torch
 
-        def mm(a: Any = a, b: Any = b, c: Any = c) -> None:
-            (torch.mm if lib == "torch" else np.matmul)(a, b, out=c)
-
-        mm()
-        end, ts = time.perf_counter() + PEAK_BUDGET_S / len(PEAK_GEMMS), list[float]()
-        while not ts or (len(ts) < 10 and time.perf_counter() < end):
+        mm, conv = torch.mm, torch.from_numpy
+    gemms = PEAK_GEMMS_F16 if dtype == "float16" else PEAK_GEMMS
+    products = {}
+    for m, k, n in gemms:
+        a, b, c = (conv(rng.standard_normal(s).astype(dtype)) for s in ((m, k), (k, n), (m, n)))
+        t0 = time.perf_counter()
+        mm(a, b, out=c)  # warm-up: thread pool start, packing buffers
+        if time.perf_counter() - t0 < budget_s / 20:  # a second one where it is cheap
+            mm(a, b, out=c)
+        end, ts = time.perf_counter() + budget_s / len(gemms), list[float]()
+        while not ts or (len(ts) < max_runs and time.perf_counter() < end):
             t0 = time.perf_counter()
-            mm()
+            mm(a, b, out=c)
             ts.append(time.perf_counter() - t0)
-        best = max(best, 2 * m * k * n / statistics.median(ts) / 1e9)
-        time.sleep(PAUSE_S)
-    return best
+        products[f"{m}x{k}x{n}"] = {"gflops": 2 * m * k * n / statistics.median(ts) / 1e9,
+                                    "runs": len(ts)}  # fmt: skip
+        time.sleep(PAUSE_S)  # the pool's threads go to sleep before the next measurement
+    best = max(v["gflops"] for v in products.values())
+    return {"lib": lib, "dtype": dtype, "gflops": best, "products": products}
 
 
-def machine(torch: Any) -> dict[str, Any]:
-    """CPU, cores, threads, BLAS / OpenMP libraries and the GEMM peaks measured in-process."""
-    import numba
-
+def threadpools() -> list[dict[str, Any]] | str:
+    """The BLAS and OpenMP libraries threadpoolctl sees in this process (optional import)."""
     try:
         from threadpoolctl import threadpool_info
-
-        keys = ("internal_api", "version", "architecture", "num_threads", "filepath")
-        pools: Any = [{k: p.get(k) for k in keys} for p in threadpool_info()]
     except ImportError:
-        pools = "threadpoolctl not installed"
-    peak = {f"{lib}_float32": gemm_peak(torch, lib) for lib in ("torch", "numpy")}
+        return "threadpoolctl not installed"
+    keys = ("user_api", "internal_api", "prefix", "version", "architecture", "num_threads")
+    return [{k: p.get(k) for k in (*keys, "filepath")} for p in threadpool_info()]
+
+
+def probe(
+    lib: str, dtypes: tuple[str, ...] = ("float32",), budget_s: float = PEAK_BUDGET_S,
+    max_runs: int = 10,
+) -> dict[str, Any]:  # fmt: skip
+    """Version, threads, thread pools and GEMM peaks (:func:`gemm_peak`, per dtype) of ``lib``
+    ("numpy" or "torch") in this process; with "numpy" also Numba's version and threads, the CPU
+    model and the cgroup quota. Imports ``lib``."""
+    out: dict[str, Any] = {"lib": lib, "version": np.__version__}
+    if lib == "torch":
+        import torch
+
+        cfg = torch.__config__.show().splitlines()
+        blas = next(
+            (ln.split("BLAS_INFO=")[1].split(",")[0] for ln in cfg if "BLAS_INFO=" in ln), "?"
+        )
+        onednn = next((ln.strip("- ").split(" (Git")[0] for ln in cfg if "MKL-DNN" in ln), "?")
+        out.update(version=torch.__version__, num_threads=torch.get_num_threads(), blas=blas,
+                   onednn=onednn, cpu_capability=torch.backends.cpu.get_cpu_capability())  # fmt: skip
+    out["peak"] = {dt: gemm_peak(lib, dt, budget_s, max_runs) for dt in dtypes}
+    out["threadpools"] = threadpools()
+    if lib == "numpy":  # after the GEMMs: asking Numba its thread count starts its pool
+        import numba
+
+        out.update(numba=numba.__version__, numba_threads=numba.get_num_threads())
+        out.update(cpu=cpu_model(), cgroup_cpu_quota=_cgroup_cpus())
+    return out
+
+
+def machine() -> dict[str, Any]:
+    """CPU, cores, threads, BLAS / OpenMP libraries and the GEMM peaks measured in-process."""
+    t, n = probe("torch"), probe("numpy")
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {
-        "cpu": cpu_model(), "cpu_count": os.cpu_count(), "affinity": affinity,
-        "cgroup_cpu_quota": _cgroup_cpus(), "python": platform.python_version(),
-        "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-        "numpy": np.__version__, "numba": numba.__version__,
-        "numba_threads": numba.get_num_threads(), "threadpools": pools,
-        "env": {k: os.environ.get(k) for k in ENV_KEYS}, "peak_gflops": peak,
+        "cpu": n["cpu"], "cpu_count": os.cpu_count(), "affinity": affinity,
+        "cgroup_cpu_quota": n["cgroup_cpu_quota"], "python": platform.python_version(),
+        "torch": t["version"], "torch_threads": t["num_threads"], "numpy": n["version"],
+        "numba": n["numba"], "numba_threads": n["numba_threads"], "threadpools": n["threadpools"],
+        "env": {k: os.environ.get(k) for k in ENV_KEYS},
+        "peak_gflops": {f"{p['lib']}_float32": p["peak"]["float32"]["gflops"] for p in (t, n)},
         "peak_note": "median of each product, measured in this process",
     }  # fmt: skip
 
@@ -241,7 +283,7 @@ def run(
         raise TorchMissing(str(torch_missing("lstmgrad bench"))) from exc
     say = progress or (lambda _: None)
     config = {"dtype": dtype, "rounds": rounds, "input": inp, "batch_s": BATCH_S}
-    doc: dict[str, Any] = {"machine": machine(torch), "config": config, "results": []}
+    doc: dict[str, Any] = {"machine": machine(), "config": config, "results": []}
     say(doc)
     for name, dims in shapes.items():
         res = bench_shape(torch, name, dims, dtype, inp, rounds, doc["machine"]["peak_gflops"])
