@@ -318,8 +318,34 @@ def backward(
             g_h = np.zeros((batch, hidden), dtype=dtype) if dh is None else dh[kk]
             g_c = np.zeros((batch, hidden), dtype=dtype) if dc is None else dc[kk]
             with _segment_plans(ck, layer, gemm):
-                g_h, g_c = _backward_direction(ck, layer, d, dy, g_h, g_c, dx, want_dx,
-                                               need_dw, sums, gemm)  # fmt: skip
+                for j, a, b in _segments(dims, ck.k, d)[::-1]:
+                    seg = _Segment(ck, layer, d, a, b)
+                    h0, c0 = ck.h[kk][j], ck.c[kk][j]
+                    fwd = seg.forward(h0, c0, True, gemm)
+                    dy_seg = None
+                    if dy is not None:
+                        dy_seg = seg.flip(dy[a:b, :, d * hidden : (d + 1) * hidden])
+                    call = check_backward(
+                        _FN, seg.x, [h0[None], c0[None]], seg.params, dy_seg, g_h[None], g_c[None],
+                        tuple(fwd.saved[:7]), seg.bs, dims.has_bias, 1, 0.0, True, False, False,
+                        [want_dx, True, True, need_dw], None,
+                    )  # fmt: skip
+                    del fwd
+                    res = run_backward(call, None, "fused", gemm)
+                    assert res.dh_prev is not None and res.dc_prev is not None
+                    g_h, g_c = res.dh_prev[0], res.dc_prev[0]
+                    if want_dx:
+                        assert dx is not None and res.dx is not None
+                        part = seg.unflip(res.dx, batch)
+                        if d == 0:
+                            dx[a:b] = part
+                        else:  # each direction's dx in the storage dtype, summed (docs/math.md)
+                            np.add(dx[a:b], part, out=dx[a:b])
+                    if need_dw:
+                        assert res.dparams is not None
+                        first = dims.index(layer, d, W_IH)
+                        for n, p in enumerate(res.dparams):
+                            np.add(sums[first + n], p, out=sums[first + n])
             dh_prev[kk], dc_prev[kk] = g_h, g_c
         if layer > 0:
             assert dx is not None
@@ -338,44 +364,3 @@ def backward(
         dc_prev if need_dc else None,
         dparams,
     )
-
-
-def _backward_direction(ck: Checkpoints, layer: int, d: int, dy: np.ndarray | None,
-                        g_h: np.ndarray, g_c: np.ndarray, dx: np.ndarray | None, want_dx: bool,
-                        need_dw: bool, sums: list[np.ndarray],
-                        gemm: Gemm | None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """The segments of one (layer, direction), from the last its direction walks: each
-    recomputed, then differentiated with the gradients of its final state (g_h, g_c) carried
-    from the segment after it; dx and the weight-gradient sums accumulated in place. Returns
-    the gradients of the direction's initial state."""
-    dims, hidden, batch = ck.dims, ck.dims.H, ck.dims.B
-    kk = layer * dims.D + d
-    for j, a, b in _segments(dims, ck.k, d)[::-1]:
-        seg = _Segment(ck, layer, d, a, b)
-        h0, c0 = ck.h[kk][j], ck.c[kk][j]
-        fwd = seg.forward(h0, c0, True, gemm)
-        dy_seg = None
-        if dy is not None:
-            dy_seg = seg.flip(dy[a:b, :, d * hidden : (d + 1) * hidden])
-        call = check_backward(
-            _FN, seg.x, [h0[None], c0[None]], seg.params, dy_seg, g_h[None], g_c[None],
-            tuple(fwd.saved[:7]), seg.bs, dims.has_bias, 1, 0.0, True, False, False,
-            [want_dx, True, True, need_dw], None,
-        )  # fmt: skip
-        del fwd
-        res = run_backward(call, None, "fused", gemm)
-        assert res.dh_prev is not None and res.dc_prev is not None
-        g_h, g_c = res.dh_prev[0], res.dc_prev[0]
-        if want_dx:
-            assert dx is not None and res.dx is not None
-            part = seg.unflip(res.dx, batch)
-            if d == 0:
-                dx[a:b] = part
-            else:  # each direction's dx in the storage dtype, summed (docs/math.md)
-                np.add(dx[a:b], part, out=dx[a:b])
-        if need_dw:
-            assert res.dparams is not None
-            first = dims.index(layer, d, W_IH)
-            for n, p in enumerate(res.dparams):
-                np.add(sums[first + n], p, out=sums[first + n])
-    return g_h, g_c
