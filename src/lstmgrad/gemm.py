@@ -14,6 +14,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+try:
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # NumPy < 2
+    byte_bounds = np.byte_bounds  # type: ignore[attr-defined]
+
 from .fused.kernels import contiguous, matmul_into, transpose_into
 
 # (a, out) -> a @ b for a fixed b: in out, or in the library's own new result, returned
@@ -70,22 +75,14 @@ def reusing_prepared(arrays: Sequence[np.ndarray]) -> Iterator[None]:
         _prepared.reset(token)
 
 
-def _bounds(a: np.ndarray) -> tuple[int, int]:
-    """The first and one past the last byte address of a's elements (a not empty)."""
-    lo = hi = a.__array_interface__["data"][0]
-    for n, stride in zip(a.shape, a.strides, strict=True):
-        (lo, hi) = (lo + (n - 1) * stride, hi) if stride < 0 else (lo, hi + (n - 1) * stride)
-    return lo, hi + a.itemsize
-
-
 def _within(b: np.ndarray, arrays: list[np.ndarray]) -> bool:
     """b's memory lies inside one of ``arrays`` of its dtype."""
     if not b.size:
         return False
-    lo, hi = _bounds(b)
+    lo, hi = byte_bounds(b)
     for a in arrays:
         if a.dtype == b.dtype and a.size:
-            a_lo, a_hi = _bounds(a)
+            a_lo, a_hi = byte_bounds(a)
             if a_lo <= lo and hi <= a_hi:
                 return True
     return False
