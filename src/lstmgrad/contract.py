@@ -344,15 +344,11 @@ def check_params(fn: str, params: list[Any], dims: Dims, dtype: np.dtype) -> lis
     per_dir = params_per_direction(dims.has_bias)
     for j, p in enumerate(params):
         kind = j % per_dir
-        layer = j // (per_dir * dims.D)
-        shape: tuple[int, ...]
+        shape = dims.param_shape(j)
         if kind == W_IH:
-            isz = dims.layer_input_size(layer)
-            shape, legend = (dims.G, isz), "4H, I" if layer == 0 else "4H, D*H"
-        elif kind == W_HH:
-            shape, legend = (dims.G, dims.H), "4H, H"
-        else:  # B_IH or B_HH
-            shape, legend = (dims.G,), "4H"
+            legend = "4H, I" if j < per_dir * dims.D else "4H, D*H"
+        else:
+            legend = "4H, H" if kind == W_HH else "4H"
         if _valid(p, shape, dtype):
             out.append(p)
             continue

@@ -63,6 +63,13 @@ class Dims:
         """I for layer 0, D*H above."""
         return self.I if layer == 0 else self.D * self.H
 
+    def param_shape(self, index: int) -> tuple[int, ...]:
+        """Shape of params[index]: [4H, I or D*H], [4H, H] or [4H]."""
+        group, kind = divmod(index, params_per_direction(self.has_bias))
+        if kind == W_IH:
+            return (self.G, self.layer_input_size(group // self.D))
+        return (self.G, self.H) if kind == W_HH else (self.G,)
+
     def index(self, layer: int, direction: int, kind: int) -> int:
         """Position of (layer, direction, kind) in params."""
         return param_index(layer, direction, kind, self.D, self.has_bias)

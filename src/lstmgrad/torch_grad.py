@@ -28,6 +28,8 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
+from .layout import Dims, num_params
+
 __all__ = ["torch_lstm", "second_order", "lstm_function", "register"]
 
 _FORWARD_FLAGS = 6  # has_bias, num_layers, dropout, train, bidirectional, batch_first
@@ -535,14 +537,8 @@ def param_shapes(
     input_size: int, hidden: int, has_bias: bool, num_layers: int, bidirectional: bool
 ) -> list[tuple[int, ...]]:
     """The weights' shapes, ``_flat_weights`` order."""
-    num_dirs = 2 if bidirectional else 1
-    shapes: list[tuple[int, ...]] = []
-    for layer in range(num_layers):
-        width = input_size if layer == 0 else num_dirs * hidden
-        for _ in range(num_dirs):
-            shapes += [(4 * hidden, width), (4 * hidden, hidden)]
-            shapes += [(4 * hidden,), (4 * hidden,)] if has_bias else []
-    return shapes
+    dims = Dims(0, 0, input_size, hidden, num_layers, 2 if bidirectional else 1, has_bias)
+    return [dims.param_shape(j) for j in range(num_params(num_layers, bidirectional, has_bias))]
 
 
 @torch.library.custom_op("lstmgrad::lstm_backward_flat", mutates_args=(), device_types="cpu")
