@@ -331,7 +331,7 @@ def test_float32_exp_tanh_sigmoid_within_their_documented_ulps():
 def test_transposes_match_numpy(rows, cols, dtype):
     """The engine's tiled transposes (weights, dG, [x | h_prev]) against NumPy's, edges
     included: sides that are not multiples of the tile, one row, no rows, column ranges."""
-    from lstmgrad.fused import kernels
+    from lstmgrad.fused import kernels, walks
 
     a = np.random.default_rng(rows * 1000 + cols).standard_normal((rows, cols)).astype(dtype)
     got = kernels.transposed(a)
@@ -341,12 +341,13 @@ def test_transposes_match_numpy(rows, cols, dtype):
     assert back.flags.c_contiguous and np.array_equal(back, a.T)
     assert kernels.contiguous(a) is a
     c0, c1 = cols // 3, cols - cols // 4
-    flat = np.full(rows * cols + 3, -7.0, dtype=dtype)
-    kernels.transpose_cols(a.reshape(-1), cols, rows, c0, c1, flat)
     want = np.full((cols, rows), -7.0, dtype=dtype)
     want[c0:c1] = a.T[c0:c1]
-    assert np.array_equal(flat[: rows * cols].reshape(cols, rows), want)
-    assert np.all(flat[rows * cols :] == -7.0)  # nothing written past the result
+    for threads in (1, 2, 3):  # split over threads: each its own block of columns
+        flat = np.full(rows * cols + 3, -7.0, dtype=dtype)
+        walks.transpose_cols(a.reshape(-1), cols, rows, c0, c1, flat, threads)
+        assert np.array_equal(flat[: rows * cols].reshape(cols, rows), want)
+        assert np.all(flat[rows * cols :] == -7.0)  # nothing written past the result
     if rows:
         src = np.zeros((cols, rows + 5), dtype=dtype)
         src[:, :rows] = a.T

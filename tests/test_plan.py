@@ -141,11 +141,11 @@ def test_feasible_replaces_what_the_call_cannot_run(monkeypatch):
         1, NUMPY_GEMM.threads()
     )  # never more than the BLAS itself may use
     wild = Plan(big="onednn", weight_grad="tn", fwd_rec="packed", bwd_rec="onednn", threads=8,
-                split_min=5, pair_walks=True)  # fmt: skip
+                split_min=5, pair_walks=True, transpose_threads=8)  # fmt: skip
     got = plan.feasible(wild, TINY, np.float32, gemm)
     # NumPy has no oneDNN or packed weights; one direction has no pairs; at most 2 threads
     assert got == Plan(big="blas", weight_grad="tn", fwd_rec="blas", bwd_rec="blas", threads=2,
-                       split_min=5, pair_walks=False)  # fmt: skip
+                       split_min=5, pair_walks=False, transpose_threads=2)  # fmt: skip
     assert plan.feasible(wild, TINY_BI, np.float32, gemm).pair_walks
     # a walk runs anywhere, but the pair walks take precedence where they run
     walking = dataclasses.replace(wild, walk=True)
@@ -155,7 +155,7 @@ def test_feasible_replaces_what_the_call_cannot_run(monkeypatch):
     assert not plan.feasible(wild, TINY_BI, np.float16, gemm).pair_walks
     monkeypatch.setattr(walks, "parallel_threads", lambda: 1)
     one = plan.feasible(wild, TINY_BI, np.float32, gemm)
-    assert one.threads == 1 and not one.pair_walks
+    assert one.threads == 1 and not one.pair_walks and one.transpose_threads == 1
 
 
 def test_tune_off_runs_the_safe_plan(monkeypatch, tmp_path):
@@ -268,6 +268,7 @@ def _case(dtype, d, t=6, b=4, i=5, h=7, seed=3):
 
 NUMPY_PLANS = (
     [dict(weight_grad=w) for w in plan.WEIGHT_GRAD_LAYOUTS]
+    + [dict(weight_grad=w, transpose_threads=2) for w in ("tn", "nt")]
     + [dict(fwd_rec=m, bwd_rec=m) for m in NUMPY_GEMM.fixed_methods(np.float32)]
     + [dict(threads=2, split_min=0), dict(threads=2, pair_walks=True), dict(walk=True)]
 )

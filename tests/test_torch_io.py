@@ -249,9 +249,10 @@ def test_weight_gradient_layouts_with_output_masks(size, mask, big, layout):
     fw = lstmgrad.lstm_forward(x, params, hx, **kw)
     args = (x, hx, params, dy, hx[0], hx[1], *fw.saved[:7])
     want = lstmgrad.lstm_backward(*args, output_mask=mask, impl="reference", **kw)
-    with forced(big=big, weight_grad=layout):
-        got = lstmgrad.lstm_backward(*[tensors(a) for a in args], output_mask=mask, **kw)
-    assert_backward_close(got, want, 2e-5)
+    for transpose_threads in (1, 2):  # the layouts' transposing copy on one and two threads
+        with forced(big=big, weight_grad=layout, transpose_threads=transpose_threads):
+            got = lstmgrad.lstm_backward(*[tensors(a) for a in args], output_mask=mask, **kw)
+        assert_backward_close(got, want, 2e-5)
 
 
 @pytest.mark.parametrize("big,layout", BIG_LAYOUTS)

@@ -42,14 +42,15 @@ class Plan:
 
     big: GEMM method of the input projection, dx and the weight gradient ("blas" or "onednn");
     weight_grad: layout of dW = dG^T [x | h_prev] ("rows": from the rows of [x | h_prev];
-    "tn": from its transpose; "nt": two products from dG transposed); fwd_rec / bwd_rec: method
+    "tn": from its transpose; "nt": from dG transposed); fwd_rec / bwd_rec: method
     of the forward's / backward's recurrent product per step (a :meth:`Gemm.fixed` method:
     "blas", "blas_t", "loop", "onednn", "packed"); threads: threads of the step kernels (1: one
     thread); split_min: the smallest step (active rows * H) whose kernel splits over them;
     pair_walks: both directions of a bidirectional layer walk at once on two threads, each step
     loop in one Numba call (the recurrent methods are then unused); walk: each direction's step
     loop in one Numba call on one thread, recurrent product included (for layers so small that
-    a library call per step costs more than its arithmetic; pair_walks take precedence).
+    a library call per step costs more than its arithmetic; pair_walks take precedence);
+    transpose_threads: threads of the transposing copy the "tn" and "nt" layouts make.
     """
 
     big: str = "blas"
@@ -60,6 +61,7 @@ class Plan:
     split_min: int = 0
     pair_walks: bool = False
     walk: bool = False
+    transpose_threads: int = 1
 
     def describe(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
@@ -242,7 +244,7 @@ def cache_dir() -> Path:
     return Path(base) / "lstmgrad"
 
 
-WISDOM_FORMAT = 3
+WISDOM_FORMAT = 4
 """The version of what a measurement holds: a store written with other candidates (an older
 lstmgrad) is measured again rather than read."""
 
@@ -310,6 +312,9 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     if threads > 1 or plan.pair_walks:  # never more than the library itself is allowed
         threads = min(threads, parallel_threads(), gemm.threads())
     pairs = plan.pair_walks and dims.D == 2 and cd == np.dtype(dtype) and threads >= 2
+    transpose_threads = max(1, plan.transpose_threads)
+    if transpose_threads > 1:
+        transpose_threads = min(transpose_threads, parallel_threads(), gemm.threads())
     return Plan(
         big=big,
         weight_grad=layout,
@@ -319,6 +324,7 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
         split_min=max(0, plan.split_min),
         pair_walks=pairs,
         walk=plan.walk and not pairs,
+        transpose_threads=transpose_threads,
     )
 
 

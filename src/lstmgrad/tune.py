@@ -82,31 +82,40 @@ def _best(times: dict[str, float]) -> str:
 
 def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     """Times of the input projection, dx and the weight gradient per method and layout, for
-    N rows, input size I and hidden H; the entry's plan: the fastest method and layout."""
-    from .fused.kernels import transpose_cols
+    N rows, input size I and hidden H, and of the layouts' transposing copy per thread count;
+    the entry's plan: the fastest method, layout and thread count."""
+    from .fused.walks import pairs_available, parallel_threads, transpose_cols
 
     cd = np.dtype(cls["dtype"])
     n, i, h = cls["N"], cls["I"], cls["H"]
     g = 4 * h
     rng = np.random.default_rng(0)
     xh = _rand(rng, (n, i + h), cd)  # [x | h_prev] rows
-    x, hp = np.ascontiguousarray(xh[:, :i]), np.ascontiguousarray(xh[:, i:])
+    x = np.ascontiguousarray(xh[:, :i])
     dg = _rand(rng, (n, g), cd)
     w_ih = _rand(rng, (g, i), cd)
     proj, dx, dw = np.empty((n, g), cd), np.empty((n, i), cd), np.empty((g, i + h), cd)
     xht, dgt = np.empty((i + h, n), cd), np.empty((g, n), cd)
+
+    # the transposing copy: on one thread, or split over the threads Numba's pool has
+    transposes: dict[str, float] = {}
+    for threads in sorted({1, parallel_threads() if pairs_available() else 1}):
+        copy = functools.partial(transpose_cols, dg.reshape(-1), g, n, 0, g, dgt.reshape(-1),
+                                 threads)  # fmt: skip
+        transposes[str(threads)] = _timed(copy, _reps(_timed(copy, 1)))
+    tt = int(_best(transposes))
 
     def weight_grad(layout: str, method: str) -> Callable[[], Any]:
         def rows() -> Any:
             return gemm.product(dg.T, xh, dw, method)
 
         def tn() -> Any:
-            transpose_cols(xh.reshape(-1), i + h, n, 0, i + h, xht.reshape(-1))
+            transpose_cols(xh.reshape(-1), i + h, n, 0, i + h, xht.reshape(-1), tt)
             return gemm.tn(dg, xht, method)
 
         def nt() -> Any:
-            transpose_cols(dg.reshape(-1), g, n, 0, g, dgt.reshape(-1))
-            return gemm.nt(dgt, x, method), gemm.nt(dgt, hp, method)
+            transpose_cols(dg.reshape(-1), g, n, 0, g, dgt.reshape(-1), tt)
+            return gemm.nt(dgt, xh, method)
 
         return {"rows": rows, "tn": tn, "nt": nt}[layout]
 
@@ -131,8 +140,9 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     choice = _best(seconds)
     method, layout = choice.split("/")
     return {
-        "plan": {"big": method, "weight_grad": layout},
-        "seconds": {**{f"{m}/products": t for m, t in products.items()}, **seconds},
+        "plan": {"big": method, "weight_grad": layout, "transpose_threads": tt},
+        "seconds": {**{f"{m}/products": t for m, t in products.items()}, **seconds,
+                    **{f"transpose/{k}": t for k, t in transposes.items()}},  # fmt: skip
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
 

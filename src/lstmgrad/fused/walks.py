@@ -28,7 +28,8 @@ import numba
 import numpy as np
 from numba import prange
 
-from .kernels import backward_step, forward_step, jit, matmul_into
+from .kernels import backward_step, forward_step, jit, matmul_into, transpose_region
+from .kernels import transpose_cols as _transpose_cols
 
 _jit = jit()  # the kernels' own flags
 _parallel = jit(parallel=True)
@@ -190,6 +191,29 @@ def backward_step_split(
                 dy[lo:hi], has_dy, dh[lo:hi], dc[lo:hi], s_i[lo:hi], s_g[lo:hi],
                 s_f[lo:hi], s_o[lo:hi], s_tc[lo:hi], c_prev[lo:hi], dg[lo:hi], hi - lo,
             )  # fmt: skip
+
+
+@_parallel
+def transpose_cols_split(src, width, n, c0, c1, dst, parts):  # pragma: no cover
+    """:func:`kernels.transpose_cols` on ``parts`` threads, each writing its own block of
+    dst's rows (src's columns c0 .. c1 in blocks of a multiple of 8). Transposing is bound by
+    its loads and stores, not by memory bandwidth, so it scales with the threads."""
+    a = src[: n * width].reshape((n, width))
+    b = dst[: c1 * n].reshape((c1, n))
+    size = ((c1 - c0 + parts - 1) // parts + 7) // 8 * 8
+    for q in prange(parts):
+        lo = min(c0 + q * size, c1)
+        hi = min(lo + size, c1)
+        if hi > lo:
+            transpose_region(a, b, 0, n, lo, hi)
+
+
+def transpose_cols(src, width, n, c0, c1, dst, threads):  # type: ignore[no-untyped-def]
+    """:func:`kernels.transpose_cols`, on ``threads`` threads where more than one."""
+    if threads > 1:
+        transpose_cols_split(src, width, n, c0, c1, dst, threads)
+    else:
+        _transpose_cols(src, width, n, c0, c1, dst)
 
 
 _decided: tuple[int, bool] | None = None  # (pid, answer) of the process that decided
