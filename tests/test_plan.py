@@ -63,7 +63,7 @@ def test_plan_environment_variable_parsed(monkeypatch):
         ("split_min=-1", "split_min must be an integer >= 0"),
         ("fwd_rec=mkl", "fwd_rec must be one of"),
         ("big=loop", "big must be one of ('blas', 'onednn')"),
-        ("weight_grad=cols", "weight_grad must be one of ('rows', 'tn', 'nt')"),
+        ("weight_grad=cols", "weight_grad must be one of ('rows', 'tn', 'nt', 'nt2')"),
         ("pair_walks=maybe", "pair_walks must be true or false"),
         ("walk=2", "walk must be true or false"),
     ],
@@ -268,7 +268,7 @@ def _case(dtype, d, t=6, b=4, i=5, h=7, seed=3):
 
 NUMPY_PLANS = (
     [dict(weight_grad=w) for w in plan.WEIGHT_GRAD_LAYOUTS]
-    + [dict(weight_grad=w, transpose_threads=2) for w in ("tn", "nt")]
+    + [dict(weight_grad=w, transpose_threads=2) for w in ("tn", "nt", "nt2")]
     + [dict(fwd_rec=m, bwd_rec=m) for m in NUMPY_GEMM.fixed_methods(np.float32)]
     + [dict(threads=2, split_min=0), dict(threads=2, pair_walks=True), dict(walk=True)]
 )

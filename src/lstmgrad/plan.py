@@ -42,7 +42,8 @@ class Plan:
 
     big: GEMM method of the input projection, dx and the weight gradient ("blas" or "onednn");
     weight_grad: layout of dW = dG^T [x | h_prev] ("rows": from the rows of [x | h_prev];
-    "tn": from its transpose; "nt": from dG transposed); fwd_rec / bwd_rec: method
+    "tn": from its transpose; "nt": from dG transposed; "nt2": as "nt" in two products, one
+    for dW_ih and one for dW_hh); fwd_rec / bwd_rec: method
     of the forward's / backward's recurrent product per step (a :meth:`Gemm.fixed` method:
     "blas", "blas_t", "loop", "onednn", "packed"); threads: threads of the step kernels (1: one
     thread); split_min: the smallest step (active rows * H) whose kernel splits over them;
@@ -73,7 +74,7 @@ kernels (the libraries thread their GEMMs as they are told), nothing that could 
 pools spinning against each other. Correct and safe on any machine."""
 
 _FIELDS = {f.name: f.type for f in dataclasses.fields(Plan)}
-WEIGHT_GRAD_LAYOUTS = ("rows", "tn", "nt")
+WEIGHT_GRAD_LAYOUTS = ("rows", "tn", "nt", "nt2")
 
 _forced: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "lstmgrad_forced_plan", default=None

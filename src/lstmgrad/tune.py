@@ -91,7 +91,7 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     g = 4 * h
     rng = np.random.default_rng(0)
     xh = _rand(rng, (n, i + h), cd)  # [x | h_prev] rows
-    x = np.ascontiguousarray(xh[:, :i])
+    x, hp = np.ascontiguousarray(xh[:, :i]), np.ascontiguousarray(xh[:, i:])
     dg = _rand(rng, (n, g), cd)
     w_ih = _rand(rng, (g, i), cd)
     proj, dx, dw = np.empty((n, g), cd), np.empty((n, i), cd), np.empty((g, i + h), cd)
@@ -117,7 +117,11 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
             transpose_cols(dg.reshape(-1), g, n, 0, g, dgt.reshape(-1), tt)
             return gemm.nt(dgt, xh, method)
 
-        return {"rows": rows, "tn": tn, "nt": nt}[layout]
+        def nt2() -> Any:
+            transpose_cols(dg.reshape(-1), g, n, 0, g, dgt.reshape(-1), tt)
+            return gemm.nt(dgt, x, method), gemm.nt(dgt, hp, method)
+
+        return {"rows": rows, "tn": tn, "nt": nt, "nt2": nt2}[layout]
 
     # the method of the projection and dx first, then the layouts of dW with it
     products: dict[str, float] = {}

@@ -137,7 +137,8 @@ def backward_workspace_slots(
     [P, N, H] packed c_prev; dw [4H, max(I, D*H) + H]; dh, dc [P, B, H]; dx [D, N, max(I, D*H)]
     each direction's dx; dy [T, B, D*H] the gradient of the layer's output; acts [7, T, B, H] the
     saved activations in cd (float16 storage only); xht [max(I, D*H) + H, N] xh transposed,
-    where the weight gradient's layout is "tn"; dgt [4H, N] dg transposed, where it is "nt".
+    where the weight gradient's layout is "tn"; dgt [4H, N] dg transposed, where it is "nt" or
+    "nt2".
     P = 2 where the two directions walk at once, else 1.
     """
     plan = plan or plan_for(dims, dtype, gemm)
@@ -158,7 +159,7 @@ def backward_workspace_slots(
         ((t, b, dims.D * h), cd),
         (acts, cd),
         ((width + h, n) if layout == "tn" else (0,), cd),
-        ((4 * h, n) if layout == "nt" else (0,), cd),
+        ((4 * h, n) if layout in ("nt", "nt2") else (0,), cd),
     ]
 
 
@@ -359,22 +360,32 @@ def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.
 
 
 def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _Direction,
-                  xh: np.ndarray, bufs: dict, dparams: list) -> None:  # fmt: skip
-    """dW_ih and dW_hh (one [4H, I_l + H] GEMM, in the plan's layout) and the biases of one
-    direction."""
+                  xh: np.ndarray, hp: np.ndarray, bufs: dict, dparams: list) -> None:  # fmt: skip
+    """dW_ih and dW_hh (one [4H, I_l + H] GEMM, or two in the "nt2" layout, where xh holds x
+    alone and hp h_prev) and the biases of one direction."""
     dims, dtype = call.dims, call.dtype
     width, n_rows = dims.layer_input_size(layer), dr.dg.shape[0]
     i_ih, i_hh = dims.index(layer, dr.k % dims.D, W_IH), dims.index(layer, dr.k % dims.D, W_HH)
-    if plan.weight_grad == "nt":  # dG transposed, times [x | h_prev]
+    if plan.weight_grad in ("nt", "nt2"):  # dG transposed
         walks.transpose_cols(dr.dg.reshape(-1), dims.G, n_rows, 0, dims.G, bufs["dgt_flat"],
                              plan.transpose_threads)  # fmt: skip
-        dw = gemm.nt(_dense(bufs["dgt"], dims.G, n_rows), xh, plan.big)
+        dgt = _dense(bufs["dgt"], dims.G, n_rows)
+        if plan.weight_grad == "nt2":  # the two GEMMs' own results, rounded where float16
+            dparams[i_ih] = half.converted(gemm.nt(dgt, xh, plan.big), dtype)
+            dparams[i_hh] = half.converted(gemm.nt(dgt, hp, plan.big), dtype)
+            _bias_grads(dims, layer, dr, dparams)
+            return
+        dw = gemm.nt(dgt, xh, plan.big)
     elif plan.weight_grad == "tn":  # from [x | h_prev] transposed (made by the caller)
         dw = gemm.tn(dr.dg, _dense(bufs["xht"], width + dims.H, n_rows), plan.big)
     else:
         dw = gemm.product(dr.dg.T, xh, _dense(bufs["dw"], dims.G, width + dims.H), plan.big)
     half.assign(dparams[i_ih], dw[:, :width])
     half.assign(dparams[i_hh], dw[:, width:])
+    _bias_grads(dims, layer, dr, dparams)
+
+
+def _bias_grads(dims: Dims, layer: int, dr: _Direction, dparams: list) -> None:
     if dims.has_bias:
         db = dr.dg.sum(axis=0)
         dparams[dims.index(layer, dr.k % dims.D, B_IH)][...] = db
@@ -427,6 +438,9 @@ def lstm_backward(
     state = (dims.K, batch, hidden)
     dx_shape = (t_steps, batch, dims.I) if need_dx else (0,)
     dw_shapes = [p.shape for p in call.params] if need_dw else []
+    if need_dw and layout == "nt2":  # dW_ih, dW_hh: the GEMMs' results themselves
+        for layer, d in np.ndindex(dims.L, dims.D):
+            dw_shapes[dims.index(layer, d, W_IH)] = dw_shapes[dims.index(layer, d, W_HH)] = (0,)
     # dx in an allocation of its own, so that keeping the small results does not pin it
     outs = block([dx_shape], dtype) + block([state, state] + dw_shapes, dtype)
     dh_prev = outs[1] if need_dh else None
@@ -439,7 +453,13 @@ def lstm_backward(
     for layer in reversed(range(dims.L)):
         width = dims.layer_input_size(layer)
         want_dx = layer > 0 or need_dx
-        xh = _dense(xh_buf, n_rows, width + hidden)  # [x | h_prev] rows
+        # [x | h_prev] rows in xh; "nt2": x [N, I_l] then h_prev [N, H], each dense
+        xh = _dense(xh_buf, n_rows, width + hidden)
+        hp, hp_col = xh, width
+        if layout == "nt2":
+            xh = _dense(xh_buf, n_rows, width)
+            hp = xh_flat[n_rows * width : n_rows * (width + hidden)].reshape(n_rows, hidden)
+            hp_col = 0
         if need_dw:
             _pack_layer_input(call, st, layer, masks, xh)
             if layout == "tn":  # and transposed
@@ -458,7 +478,7 @@ def lstm_backward(
         if plan.pair_walks:  # both directions' walks at once (fused.walks)
             pair = []
             for dr in dirs:
-                _gather(call, st, dr.k, dr.acts, xh, width, dr.cp)
+                _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp)
                 _initial_grads(call, dr.k, dr.dh, dr.dc)
                 w_hh = _c(call.params[dims.index(layer, dr.k % 2, W_HH)], cd)  # [4H, H]
                 pair.append(_backward_walk(dr, w_hh, st, 2))
@@ -470,12 +490,12 @@ def lstm_backward(
                 if cd != dtype:
                     for n_, s in enumerate(call.saved):
                         half.assign(acts_buf[n_], s[dr.k])
-                _gather(call, st, dr.k, dr.acts, xh, width, dr.cp)
+                _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp)
                 _initial_grads(call, dr.k, dr.dh, dr.dc)
                 w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd)  # [4H, H]
                 _walk_back(call, plan, gemm, st, w_hh, dr, dy is not None)
-            elif need_dw:  # this direction's h_prev again: the directions share xh
-                _gather(call, st, dr.k, dr.acts, xh, width, dr.cp)
+            elif need_dw:  # this direction's h_prev again: the directions share hp
+                _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp)
             if need_dw and layout == "tn":
                 walks.transpose_cols(xh_flat, width + hidden, n_rows, width, width + hidden,
                                      xht_flat, plan.transpose_threads)  # fmt: skip
@@ -488,7 +508,7 @@ def lstm_backward(
                 dx_dense = _dense(dx_buf[d], n_rows, width)
                 dx_parts.append(gemm.product(dr.dg, w_ih, dx_dense, plan.big))  # [N, I_l]
             if dparams is not None:
-                _weight_grads(call, plan, gemm, layer, dr, xh, bufs, dparams)
+                _weight_grads(call, plan, gemm, layer, dr, xh, hp, bufs, dparams)
         if want_dx:
             # each direction's dx rounded to the storage dtype, summed in it (docs/math.md)
             total = _rounded(dx_parts[0], dtype)
