@@ -354,3 +354,24 @@ def test_transposes_match_numpy(rows, cols, dtype):
         dst = np.zeros((rows + 2, cols), dtype=dtype)
         kernels.transpose_into(dst, src, rows)
         assert np.array_equal(dst[:rows], a) and not dst[rows:].any()
+
+
+@pytest.mark.parametrize(
+    "m,k,n", [(1, 1, 1), (3, 7, 5), (7, 8, 200), (5, 17, 33), (4, 64, 16), (2, 0, 3)]
+)
+def test_matmul_into_is_the_product_accumulated_in_order(m, k, n):
+    """kernels.matmul_into (the walks' recurrent product) against float64 NumPy, for k below,
+    at and off its block of eight, and the same bits whatever a's strides."""
+    from lstmgrad.fused import kernels
+
+    rng = np.random.default_rng(m * 100 + k * 10 + n)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    out = np.full((m, n), np.nan, dtype=np.float32)
+    kernels.matmul_into(a, b, out)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * max(k, 1))
+    strided = np.asfortranarray(a)  # a of any strides
+    again = np.empty_like(out)
+    kernels.matmul_into(strided, b, again)
+    assert np.array_equal(again, out)
