@@ -1,14 +1,11 @@
-"""The benchmark shapes as data, their FLOP counts and their deterministic inputs.
-
-Imports NumPy only, so both benchmark workers (the PyTorch one and the lstmgrad one) and the
-parent can use it and build bit-identical inputs from the same seed.
+"""The benchmark shapes as data, their FLOP counts and their deterministic inputs (NumPy only:
+both workers build bit-identical inputs from the same seed).
 
 Legend: T steps, B batch, I input size, H hidden size, L layers, D directions (2 if
 bidirectional), I_l = I for layer 0 and D*H above. FLOPs count the GEMMs only (2 per
 multiply-add): the backward of one (layer, direction) is 16*T*B*H*(H + I_l) (recurrent dh,
 dx, dW_ih, dW_hh), its forward 8*T*B*H*(H + I_l). For variable lengths the *effective* count
-replaces T*B by the sum of the lengths (the work a length-aware engine must do); the *padded*
-count keeps T*B. GFLOP/s figures use the effective count.
+replaces T*B by the sum of the lengths; the *padded* count keeps T*B.
 """
 
 from __future__ import annotations
@@ -21,7 +18,9 @@ LENGTHS_SEED = 1234  # seed of the varlen lengths draw
 DATA_SEED = 0  # seed of the input / weight / gradient values
 
 
-def lstm_flops(rows: int, I: int, H: int, L: int, D: int, part: str = "backward", dx: bool = True) -> int:  # fmt: skip
+def lstm_flops(
+    rows: int, I: int, H: int, L: int, D: int, part: str = "backward", dx: bool = True
+) -> int:
     """GEMM FLOPs of an LSTM's ``part`` ("backward", "forward" or "fwd_bwd") over ``rows``
     active (time, batch) rows, as the module docstring counts them; ``dx=False`` drops layer
     0's dx GEMM, 8*rows*H*I, from the backward (output_mask)."""
@@ -71,7 +70,7 @@ class Shape:
         rng = np.random.default_rng(LENGTHS_SEED)
         lengths = np.sort(rng.integers(lo, hi + 1, size=self.B))[::-1].astype(np.int64)
         lengths[0] = self.T
-        return lengths.copy()
+        return lengths
 
     def batch_sizes(self) -> np.ndarray | None:
         """int64 [T] (PackedSequence convention) for a varlen shape, None for a dense one."""
@@ -142,15 +141,10 @@ BY_ID: dict[str, Shape] = {s.id: s for s in SHAPES}
 
 def select(ids: str | None) -> list[Shape]:
     """Shapes named in a comma-separated list (all when None or empty), in the given order."""
-    if not ids:
-        return list(SHAPES)
-    out = []
-    for name in ids.split(","):
-        name = name.strip()
-        if name not in BY_ID:
-            raise SystemExit(f"unknown shape {name!r}; known: {', '.join(BY_ID)}")
-        out.append(BY_ID[name])
-    return out
+    names = [n.strip() for n in ids.split(",")] if ids else list(BY_ID)
+    if unknown := [n for n in names if n not in BY_ID]:
+        raise SystemExit(f"unknown shape(s) {unknown}; known: {', '.join(BY_ID)}")
+    return [BY_ID[n] for n in names]
 
 
 def make_case(

@@ -1,53 +1,32 @@
-"""Focused measurements quoted in docs/performance.md, one subcommand each:
-
-    python benchmarks/studies.py memory [--configs id,id] [--sides torch,lstmgrad,recompute]
-                                        [--limit-gib G] [--threads N] [--table PATH]
-    python benchmarks/studies.py memory --interleaved T [--rounds N] [--threads N]
-    python benchmarks/studies.py scaling [--shapes med-3,large-1] [--rounds N]
-    python benchmarks/studies.py lowp [--shapes med-3,small] [--modes f32,bf16,...] [--rounds N]
-    python benchmarks/studies.py double-backward [--shape T,B,I,H,L] [--rounds N] [--dtype D]
-    python benchmarks/studies.py precision
-    python benchmarks/studies.py breakdown [--shapes id,id]
+"""Focused measurements quoted in docs/performance.md: memory, scaling, lowp (see --help).
 
 The timings run in one process (memory: one child process per configuration and side), the
-compared sides taking turns within each round in an order rotated every round after a warm-up
-round; a figure is the median over rounds, a ratio the median of the per-round ratios. Each
-subcommand prints a table and writes its JSON to benchmarks/results/<subcommand>.json (--json).
+compared sides taking turns in an order rotated every round, after a warm-up round; a figure is
+the median over rounds, a ratio the median of the per-round ratios. Each subcommand prints a
+table and writes its JSON to benchmarks/results/<subcommand>.json (--json).
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
 import os
-import pstats
 import resource
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _machine import rel_err  # noqa: E402
-from _protocol import time_reps  # noqa: E402
-from shapes import BY_ID, select  # noqa: E402
+from _harness import md_table, time_reps  # noqa: E402
+from shapes import BY_ID  # noqa: E402
 
 Item = tuple[Callable[[Any], Any], Callable[[], Any] | None]  # timed(state), untimed() -> state
-
-
-def median_ms(fn: Callable[[], Any], reps: int) -> float:
-    """Median wall time of ``reps`` calls of ``fn()`` after an untimed one, in milliseconds."""
-    fn()
-    return 1e3 * statistics.median(time_reps(reps, lambda _: fn()))
 
 
 def reps_for(item: Item, least: int, budget_s: float = 0.3) -> int:
@@ -72,11 +51,11 @@ def ratio(a: list[float], b: list[float]) -> float:
     return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
-def header(*libs: str) -> str:
+def header() -> str:
     from lstmgrad.machine import cpu_model, visible_cpus
 
-    versions = ", ".join(f"{m} {sys.modules[m].__version__}" for m in libs if m in sys.modules)
-    return f"cpu {cpu_model()}; {visible_cpus()} usable CPUs; {versions}"
+    libs = ", ".join(f"{m} {sys.modules[m].__version__}" for m in ("torch", "numba"))
+    return f"cpu {cpu_model()}; {visible_cpus()} usable CPUs; {libs}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -110,14 +89,6 @@ def _train_step(model: Any, x: Any) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def _status_kib(key: str) -> int:
-    """A /proc/self/status memory field (VmRSS, VmSize) in KiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
-
-
 def memory_child(config: str, side: str) -> dict[str, Any]:
     """One configuration on one side in this process: a warm-up step at T = 64 (Numba's compile
     and first-call costs out of the way), the resident memory, then one timed step and the
@@ -129,14 +100,18 @@ def memory_child(config: str, side: str) -> dict[str, Any]:
     t, b, i, h, layers, bi = MEMORY_CONFIGS[config]
     model = _model(side, i, h, layers, bi)
     _train_step(model, torch.randn(64, b, i))
-    base_kib, base_vm_kib = _status_kib("VmRSS"), _status_kib("VmSize")
+    status = Path("/proc/self/status").read_text()
+    base_kib = int(status.split("VmRSS:")[1].split()[0])
     x = torch.randn(t, b, i)
     start = time.perf_counter()
     _train_step(model, x)
-    return {"config": config, "side": side, "seconds": time.perf_counter() - start,
-            "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "base_bytes": base_kib * 1024, "base_address_space_bytes": base_vm_kib * 1024,
-            "input_bytes": t * b * i * 4}  # fmt: skip
+    return {
+        "config": config,
+        "side": side,
+        "seconds": time.perf_counter() - start,
+        "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "base_bytes": base_kib * 1024,
+    }
 
 
 def _memory_run(config: str, side: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -166,56 +141,32 @@ def _memory_run(config: str, side: str, args: argparse.Namespace) -> dict[str, A
 
 def memory_table(doc: dict) -> list[str]:
     """The results as a Markdown table, ratios against torch's run of the same configuration."""
-    h = doc["header"]
-    out = [f"# {h['date']}, {h['cpu']}, {h['cores']} cores, float32, {h['threads'] or 'default'} thread(s), "
-           f"RLIMIT_AS {h['limit_gib']:g} GiB per process",
-           "| config (B=8, I=H=512) | side | peak RSS GiB | step's own GiB | step s | "
-           "peak vs torch | own vs torch | time vs torch |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    h, rows = doc["header"], []
     for r in doc["results"]:
         ref = next((q for q in doc["results"] if q["config"] == r["config"]
                     and q["side"] == "torch" and "error" not in q), None)  # fmt: skip
         if "error" in r:
-            out.append(f"| {r['config']} | {r['side']} | {r['error']} | - | - | - | - | - |")
+            rows.append([r["config"], r["side"], r["error"], *["-"] * 5])
             continue
-        own = r["peak_bytes"] - r["base_bytes"]
-        ratios = ["-"] * 3
+        own, cells = r["peak_bytes"] - r["base_bytes"], ["-"] * 3
         if ref is not None:
             ref_own = ref["peak_bytes"] - ref["base_bytes"]
-            ratios = [f"{ref['peak_bytes'] / r['peak_bytes']:.2f}x less",
-                      f"{ref_own / max(own, 1):.2f}x less", f"{r['seconds'] / ref['seconds']:.2f}x"]  # fmt: skip
-        out.append(f"| {r['config']} | {r['side']} | {r['peak_bytes'] / GIB:.2f} | "
-                   f"{own / GIB:.2f} | {r['seconds']:.1f} | {' | '.join(ratios)} |")  # fmt: skip
-    return out
+            cells = [f"{ref['peak_bytes'] / r['peak_bytes']:.2f}x less",
+                     f"{ref_own / max(own, 1):.2f}x less",
+                     f"{r['seconds'] / ref['seconds']:.2f}x"]  # fmt: skip
+        rows.append([r["config"], r["side"], f"{r['peak_bytes'] / GIB:.2f}", f"{own / GIB:.2f}",
+                     f"{r['seconds']:.1f}", *cells])  # fmt: skip
+    head = ["config (B=8, I=H=512)", "side", "peak RSS GiB", "step's own GiB", "step s",
+            "peak vs torch", "own vs torch", "time vs torch"]  # fmt: skip
+    return [f"# {h['date']}, {h['cpu']}, {h['cores']} cores, float32, "
+            f"{h['threads'] or 'default'} thread(s), RLIMIT_AS {h['limit_gib']:g} GiB per process",
+            md_table(head, rows)]  # fmt: skip
 
 
 def memory(args: argparse.Namespace) -> dict | None:
     if args.child:  # the child's JSON line is read by _memory_run
         print(json.dumps(memory_child(*args.child)), flush=True)
         return None
-    if args.table:
-        print("\n".join(memory_table(json.loads(args.table.read_text()))))
-        return None
-    if args.interleaved:  # the three sides alternating in this process, one layer
-        import torch
-
-        if args.threads:
-            import numba
-
-            torch.set_num_threads(args.threads)
-            numba.set_num_threads(args.threads)
-        models = {s: _model(s, 512, 512, 1, False) for s in MEMORY_SIDES}
-        for s in MEMORY_SIDES[1:]:
-            models[s].load_state_dict(models["torch"].state_dict())
-        x = torch.randn(args.interleaved, 8, 512)
-        items: dict[str, Item] = {
-            s: (lambda _, m=m: _train_step(m, x), None) for s, m in models.items()
-        }
-        times = alternate(items, args.rounds)
-        ratios = {s: ratio(times[s], times["torch"]) for s in MEMORY_SIDES[1:]}
-        out = {"T": args.interleaved, "layers": 1, "bidirectional": False, "times_ms": times,
-               "median_ratio_vs_torch": ratios}  # fmt: skip
-        print(json.dumps(out))
-        return out
     from lstmgrad.machine import cpu_model
 
     results = []
@@ -238,20 +189,12 @@ def memory(args: argparse.Namespace) -> dict | None:
 # scaling: lstmgrad's backward and forward + backward with 1 thread and with all usable ones
 
 
-def _engine_items(shape_id: str, inp: str) -> dict[str, Item]:
-    """worker.py's lstmgrad items of a shape (bwd, fwdbwd, ...), in this process."""
-    import worker
-
-    worker.ROLE, worker.INPUT = "lstmgrad", inp
-    worker.setup(BY_ID[shape_id].to_dict())
-    return dict(worker.ITEMS)
-
-
 def scaling(args: argparse.Namespace) -> dict:
     """lstmgrad given torch tensors (its GEMMs on torch), torch's and Numba's threads set
     before each rep; the speedup is the median of per-round ratios t(1) / t(n)."""
     import numba
     import torch
+    import worker
 
     from lstmgrad.machine import visible_cpus
 
@@ -260,10 +203,12 @@ def scaling(args: argparse.Namespace) -> dict:
         numba.set_num_threads(n)
 
     counts = sorted({1, visible_cpus()})
-    print(f"{header('torch', 'numba')}; threads compared: {counts}")
+    print(f"{header()}; threads compared: {counts}")
     rows = []
     for shape_id in args.shapes.split(","):
-        items = _engine_items(shape_id, "tensors")
+        worker.ROLE, worker.INPUT = "lstmgrad", "tensors"  # worker.py's items, in this process
+        worker.setup(BY_ID[shape_id].to_dict())
+        items = dict(worker.ITEMS)
         for name, label in (("bwd", "backward"), ("fwdbwd", "forward+backward")):
             timed = items[name][0]
             set_threads(1)
@@ -318,9 +263,10 @@ def lowp(args: argparse.Namespace) -> dict:
     """Modes: bf16, f16 (module and input in that dtype), autocast-bf16, autocast-f16 (float32
     module and input under torch.autocast("cpu")), f32, proj. A side that raises (torch's CPU
     LSTM under float16 autocast) is reported as such."""
-    import torch  # noqa: F401 (its version in the header)
+    import numba  # noqa: F401 (versions in the header)
+    import torch  # noqa: F401
 
-    print(header("torch"))
+    print(header())
     print(f"{'shape':7s} {'mode':14s} {'torch ms':>10s} {'lstmgrad ms':>12s} {'ratio':>7s}")
     rows = []
     for shape in args.shapes.split(","):
@@ -344,206 +290,30 @@ def lowp(args: argparse.Namespace) -> dict:
     return {"rows": rows}
 
 
-# --------------------------------------------------------------------------------------------
-# double-backward: a gradient-penalty step, lstmgrad.nn.LSTM vs torch.nn.LSTM
-
-
-def double_backward(args: argparse.Namespace) -> dict:
-    """ "backward": torch.autograd.grad of sum(y^2) over (x, weights) after an untimed forward;
-    "double-backward step": forward, the gradient with create_graph=True and the gradient of its
-    squared norm over the weights. Exit 2 unless both sides give the same penalty gradient."""
-    import torch
-
-    from lstmgrad.nn import LSTM
-
-    t, b, i, h, layers = (int(v) for v in args.shape.split(","))
-    dtype = getattr(torch, args.dtype)
-    torch.manual_seed(0)
-    models = {
-        "torch": torch.nn.LSTM(i, h, layers).to(dtype),
-        "lstmgrad": LSTM(i, h, layers).to(dtype),
-    }
-    models["lstmgrad"].load_state_dict(models["torch"].state_dict())
-    x = torch.randn(t, b, i, dtype=dtype, requires_grad=True)
-
-    def loss(m: Any) -> Any:
-        return (m(x)[0] ** 2).sum()
-
-    def penalty(m: Any) -> Any:
-        first = torch.autograd.grad(loss(m), [x, *m.parameters()], create_graph=True)
-        return torch.autograd.grad(sum((g**2).sum() for g in first), list(m.parameters()))
-
-    got, want = penalty(models["lstmgrad"]), penalty(models["torch"])
-    err = max(
-        rel_err(a.detach().numpy(), w.detach().numpy()) for a, w in zip(got, want, strict=True)
-    )
-    print(f"shape T,B,I,H,L = {args.shape}, {args.dtype}; penalty gradient max rel. diff {err:.1e}")
-    if err > (1e-3 if args.dtype == "float32" else 1e-10):
-        raise SystemExit(2)
-    out: dict[str, Any] = {"shape": args.shape, "dtype": args.dtype, "penalty_rel_diff": err}
-
-    def first_order(m: Any) -> Item:  # the forward and the loss untimed
-        return lambda s: torch.autograd.grad(s, [x, *m.parameters()]), lambda: loss(m)
-
-    def double_step(m: Any) -> Item:
-        return lambda _: penalty(m), None
-
-    for name, item in (("backward", first_order), ("double-backward step", double_step)):
-        times = alternate({k: item(m) for k, m in models.items()}, args.rounds)
-        out[name] = times | {"ratio": ratio(times["lstmgrad"], times["torch"])}
-        t_ms, l_ms = (statistics.median(times[k]) for k in ("torch", "lstmgrad"))
-        print(f"{name:22s} torch {t_ms:8.1f} ms   lstmgrad {l_ms:8.1f} ms   lstmgrad/torch "
-              f"{out[name]['ratio']:.2f}")  # fmt: skip
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# precision: each engine in float32 and float16 against the float64 reference
-
-PRECISION_CASES = [(1, 1, False), (2, 2, False), (2, 2, True)]  # L, D, variable lengths
-
-
-def _precision_case(seed: int, layers: int, dirs: int, varlen: bool) -> tuple:
-    """params, x, [h0, c0], dy, dh (dc = dh), batch_sizes of T6-B3-I5-H8, drawn in float64."""
-    t, b, i, h = 6, 3, 5, 8
-    rng = np.random.default_rng(seed)
-    params = [rng.uniform(-0.5, 0.5, s) for layer in range(layers) for _ in range(dirs)
-              for s in ((4 * h, i if layer == 0 else dirs * h), (4 * h, h), (4 * h,), (4 * h,))]  # fmt: skip
-    bs = np.array([3, 3, 2, 2, 1, 1], np.int64) if varlen else None
-    x = rng.standard_normal((t * b, i) if varlen else (t, b, i))
-    hx = [rng.standard_normal((layers * dirs, b, h)) for _ in range(2)]
-    dy = rng.standard_normal((t * b, dirs * h) if varlen else (t, b, dirs * h))
-    return params, x, hx, dy, rng.standard_normal((layers * dirs, b, h)), bs
-
-
-def _cast(v: Any, dt: Any) -> Any:
-    return [_cast(a, dt) for a in v] if isinstance(v, (list, tuple)) else v.astype(dt)
-
-
-def _precision_errors(impl: str, dtype: Any, case: list, bs: Any, kw: dict) -> tuple[float, float]:
-    """The largest errors of ``impl`` in ``dtype`` on one case: the backward alone (from the
-    float64 forward's saved activations cast down) and forward + backward."""
-    import lstmgrad
-
-    def bwd(c: list, saved: list, impl: str) -> list:
-        p, x, hx, dy, dh = c
-        res = lstmgrad.lstm_backward(x, hx, p, dy, dh, dh, *saved, bs, impl=impl, **kw)
-        return [res.dx, res.dh_prev, res.dc_prev, *res.dparams]
-
-    def saved(c: list, impl: str) -> list:
-        return lstmgrad.lstm_forward(c[1], c[0], c[2], bs, impl=impl, **kw).saved[:7]
-
-    low = _cast(case, dtype)
-    ref = _cast(low, np.float64)  # the reference on the low-precision values
-    saved_ref = saved(ref, "reference")
-    saved_low = _cast(saved_ref, dtype)
-    alone = map(
-        rel_err, bwd(low, saved_low, impl), bwd(ref, _cast(saved_low, np.float64), "reference")
-    )
-    both = map(rel_err, bwd(low, saved(low, impl), impl), bwd(ref, saved_ref, "reference"))
-    return max(alone), max(both)
-
-
-def precision(args: argparse.Namespace) -> dict:
-    """Inputs drawn in float64 and cast to the low dtype; the float64 reference runs on the cast
-    values cast back, so the error is the engine's own: max|got - want| / max|want| over dx,
-    dh_prev, dc_prev and dparams, the largest over every case and seed."""
-    print("| engine | dtype | backward alone (same saved activations) | forward + backward |")
-    print("|---|---|---|---|")
-    rows = []
-    for impl in ("fused", "reference"):
-        for dtype in ("float32", "float16"):
-            errs = []
-            for layers, dirs, varlen in PRECISION_CASES:
-                kw = {"num_layers": layers, "bidirectional": dirs == 2}
-                for seed in range(6):
-                    *case, bs = _precision_case(seed, layers, dirs, varlen)
-                    errs.append(_precision_errors(impl, np.dtype(dtype), case, bs, kw))
-            e_bwd, e_fb = (max(e) for e in zip(*errs, strict=True))
-            rows.append({"engine": impl, "dtype": dtype, "backward": e_bwd, "fwd_bwd": e_fb})
-            print(f"| {impl} | {dtype} | {e_bwd:.1e} | {e_fb:.1e} |")
-    return {"rows": rows}
-
-
-# --------------------------------------------------------------------------------------------
-# breakdown: where the fused engine's time goes (NumPy arrays, no torch in the process)
-
-
-def breakdown(args: argparse.Namespace) -> dict:
-    """For the backward and the forward of each shape: the call's median time, the same GEMMs
-    alone (worker.gemm_parts, per-step recurrent and big ones), and the time cProfile gives the
-    Numba kernels; the rest is NumPy glue and Python. The parts are measured separately, so they
-    add up only roughly on a noisy machine (the rest can come out negative)."""
-    import worker
-
-    print(
-        "| shape | pass | total ms | recurrent GEMMs alone | big GEMMs alone | Numba kernels | rest |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    rows = []
-    for sh in select(args.shapes):
-        items = _engine_items(sh.id, "arrays")
-        bwd = items["bwd"][0]
-        c = worker.STATE["case"]
-        p = worker.gemm_parts(sh, fwd_transposed=sh.B <= 64 and sh.H >= 256)  # as the engine
-        passes = {"backward": (partial(bwd, None), ("rec_bwd",), ("dx0", "dx", "dw")),
-                  "forward": (partial(worker._forward, sh, c, "fused"), ("rec_fwd",), ("in_fwd",))}  # fmt: skip
-        for name, (fn, rec, big) in passes.items():
-            total = median_ms(fn, 7)
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(3):
-                fn()
-            prof.disable()
-            stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
-            kern = sum(v[2] for k, v in stats.items() if k[0].endswith("kernels.py")) / 3 * 1e3
-            rec_ms, big_ms = (sum(median_ms(p[k], 3) for k in ks) for ks in (rec, big))
-            rows.append({"shape": sh.id, "pass": name, "total_ms": total, "recurrent_ms": rec_ms,
-                         "big_ms": big_ms, "kernels_ms": kern, "rest_ms": total - rec_ms - big_ms - kern})  # fmt: skip
-            print(f"| {sh.id} | {name} | {total:.1f} | {rec_ms:.1f} | {big_ms:.1f} | {kern:.1f} | "
-                  f"{rows[-1]['rest_ms']:.1f} |")  # fmt: skip
-    return {"rows": rows}
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", type=Path, help="results (default benchmarks/results/NAME.json)")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser(
-        "memory", parents=[common], help="peak memory and time of a step on long sequences"
-    )
+    parsers = {name: sub.add_parser(name, help=text) for name, text in (
+        ("memory", "peak memory and time of a step on long sequences"),
+        ("scaling", "1 thread against all usable ones"),
+        ("lowp", "bfloat16, float16, autocast and proj_size steps"))}  # fmt: skip
+    for p in parsers.values():
+        p.add_argument("--json", type=Path, help="results (default benchmarks/results/NAME.json)")
+    p = parsers["memory"]
     p.add_argument("--configs", default="T1k-L1-D1,T10k-L1-D1,T30k-L1-D1,T10k-L2-D2",
                    help=f"ids among {', '.join(MEMORY_CONFIGS)}")  # fmt: skip
     p.add_argument("--sides", default=",".join(MEMORY_SIDES))
     p.add_argument("--limit-gib", type=float, default=16.0, help="RLIMIT_AS of each child")
     p.add_argument("--timeout", type=float, default=0.0, help="seconds per child (0: none)")
     p.add_argument("--threads", type=int, default=1, help="threads per side (0: defaults)")
-    p.add_argument("--interleaved", type=int, default=0, metavar="T",
-                   help="time the three sides alternately in this process at this T (1 layer)")  # fmt: skip
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--table", type=Path, help="print the table of a saved JSON")
     p.add_argument("--child", nargs=2, metavar=("CONFIG", "SIDE"), help=argparse.SUPPRESS)
-    p = sub.add_parser("scaling", parents=[common], help="1 thread against all usable ones")
-    p.add_argument("--shapes", default="med-3,large-1,med-1,med-5")
-    p.add_argument("--rounds", type=int, default=7)
-    p = sub.add_parser(
-        "lowp", parents=[common], help="bfloat16, float16, autocast and proj_size steps"
-    )
-    p.add_argument("--shapes", default="med-3,small")
-    p.add_argument("--modes", default="f32,bf16,autocast-bf16,f16,autocast-f16,proj")
-    p.add_argument("--rounds", type=int, default=5)
-    p = sub.add_parser("double-backward", parents=[common], help="a gradient-penalty step")
-    p.add_argument("--shape", default="50,16,128,128,2", help="T,B,I,H,L")
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    sub.add_parser("precision", parents=[common], help="each engine's error in float32 and float16")
-    p = sub.add_parser(
-        "breakdown", parents=[common], help="the fused engine's time: GEMMs, kernels, the rest"
-    )
-    p.add_argument("--shapes", help="shape ids (default: all 12)")
+    parsers["scaling"].add_argument("--shapes", default="med-3,large-1,med-1,med-5")
+    parsers["scaling"].add_argument("--rounds", type=int, default=7)
+    parsers["lowp"].add_argument("--shapes", default="med-3,small")
+    parsers["lowp"].add_argument("--modes", default="f32,bf16,autocast-bf16,f16,autocast-f16,proj")
+    parsers["lowp"].add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
-    doc = globals()[args.cmd.replace("-", "_")](args)
+    doc = globals()[args.cmd](args)
     if doc is not None:
         path = args.json or HERE / "results" / f"{args.cmd}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
