@@ -263,12 +263,15 @@ def report_step(doc: dict) -> list[str]:
            "GFLOP/s: the LSTM's forward + backward GEMM FLOPs (effective rows) per step second, "
            "the rest of the step uncounted; (%): of the measured float32 GEMM peak of torch.mm, "
            f"{doc['peak']['torch']:.3g} GFLOP/s (both sides' GEMMs run on torch's)",
-           md_table(head, rows), "",
-           f"geomean speedup, dense shapes ({len(dense)}): {geomean(dense):.2f}x (target >= "
-           f"{TARGET_DENSE:g}x per shape); variable-length shapes ({len(var)}): "
-           f"{geomean([s['ratio'] for s in var]):.2f}x vs torch packed (target >= "
-           f"{TARGET_VARLEN:g}x per shape), {geomean([s['padded']['ratio'] for s in var]):.2f}x "
-           "vs torch padded"]  # fmt: skip
+           md_table(head, rows), ""]  # fmt: skip
+    if dense:
+        out.append(f"geomean speedup, dense shapes ({len(dense)}): {geomean(dense):.2f}x "
+                   f"(target >= {TARGET_DENSE:g}x per shape)")  # fmt: skip
+    if var:
+        out.append(f"geomean speedup, variable-length shapes ({len(var)}): "
+                   f"{geomean([s['ratio'] for s in var]):.2f}x vs torch packed (target >= "
+                   f"{TARGET_VARLEN:g}x per shape), "
+                   f"{geomean([s['padded']['ratio'] for s in var]):.2f}x vs torch padded")  # fmt: skip
     return out
 
 
