@@ -48,29 +48,26 @@ def _copy(dst, src):  # pragma: no cover
 def matmul_into(a, b, out):  # pragma: no cover
     """out = a @ b for small products (a [m, k] any strides, b [k, n] and out [m, n]
     C-contiguous), deterministic: each element of out is accumulated over k in order,
-    vectorised along n. Eight rows of b at a time are applied to every row of out (so b is read
-    once from cache, and each row of out once per eight k), keeping that order of additions
+    vectorised along n. Four rows of b at a time are applied to every row of out (so b is read
+    once from cache, and each row of out once per four k), keeping that order of additions
     (((o + a0 b0) + a1 b1) + ...: bitwise the results of one k at a time); faster than the
     other orders tried (docs/performance.md#kernel-measurements).
     """
     m, k = a.shape
     n = b.shape[1]
-    k8 = k - k % 8
+    k4 = k - k % 4
     for i in range(m):
         o = out[i]
         for j in range(n):
             o[j] = 0.0
-    for p in range(0, k8, 8):
+    for p in range(0, k4, 4):
         b0, b1, b2, b3 = b[p], b[p + 1], b[p + 2], b[p + 3]
-        b4, b5, b6, b7 = b[p + 4], b[p + 5], b[p + 6], b[p + 7]
         for i in range(m):
             a0, a1, a2, a3 = a[i, p], a[i, p + 1], a[i, p + 2], a[i, p + 3]
-            a4, a5, a6, a7 = a[i, p + 4], a[i, p + 5], a[i, p + 6], a[i, p + 7]
             o = out[i]
             for j in range(n):
-                o[j] = (o[j] + a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j]
-                        + a4 * b4[j] + a5 * b5[j] + a6 * b6[j] + a7 * b7[j])  # fmt: skip
-    for p in range(k8, k):
+                o[j] = o[j] + a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j]
+    for p in range(k4, k):
         b_p = b[p]
         for i in range(m):
             av = a[i, p]

@@ -1,6 +1,6 @@
 """The fused engine's multi-threaded parts, on Numba's OpenMP threading layer: whole step loops
-in Numba for the two directions of a bidirectional layer at once, and step kernels with their
-rows split over several threads.
+in Numba for the two directions of a bidirectional layer at once, step kernels with their
+rows split over several threads, and the weight gradient's transposing copy.
 
 On small models the per-step GEMM call dominates, and a direction's steps depend on each
 other, so the one parallelism left is the two directions: each walks its whole step loop in
