@@ -245,7 +245,7 @@ def cache_dir() -> Path:
     return Path(base) / "lstmgrad"
 
 
-WISDOM_FORMAT = 4
+WISDOM_FORMAT = 5
 """The version of what a measurement holds: a store written with other candidates (an older
 lstmgrad) is measured again rather than read."""
 

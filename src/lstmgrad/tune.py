@@ -34,8 +34,9 @@ calibrating: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "lstmgrad_calibrating", default=False
 )
 
-_STEPS = 12  # steps of the short passes that compare thread arrangements (at most)
-_PASS_SECONDS = 0.03  # about the recurrent products' time in one such pass
+_STEPS = 48  # steps of the short passes that compare thread arrangements (at most)
+_PASS_SECONDS = 0.02  # about the recurrent products' time in one such pass
+_PASS_ROUNDS = 4  # rounds of those passes, the candidates taking turns
 
 
 def _timed(
@@ -219,8 +220,13 @@ def _split_min(b: int, h: int, cd: np.dtype, parts: int) -> int:
     return split_min
 
 
-def _pass_time(dims_args: dict[str, Any], kind: str, fields: dict[str, Any], limit: float) -> float:
-    """Seconds of one forward + backward of the engine on random data, with ``fields`` forced."""
+def _pass_times(dims_args: dict[str, Any], kind: str,
+                candidates: dict[str, dict[str, Any]]) -> dict[str, float]:  # fmt: skip
+    """Least seconds of one forward + backward of the engine on random data per candidate
+    (fields forced), the candidates taking turns for :data:`_PASS_ROUNDS` rounds so that a
+    drift of the machine's speed reaches them alike, each timed run after an untimed one of
+    the same candidate (the caches and thread pools as a repeated call finds them); inf for
+    one whose first run took over three times the best first run."""
     from . import api, plan
 
     t, b, i, h, d = (dims_args[k] for k in "TBIHD")
@@ -250,11 +256,18 @@ def _pass_time(dims_args: dict[str, Any], kind: str, fields: dict[str, Any], lim
 
     token = calibrating.set(True)
     try:
-        with plan.forced(**fields):
-            first = _timed(run, 1, limit)
-            if first == float("inf"):
-                return first
-            return min(first, _timed(run, max(2, _reps(first)), warm=False))
+        seconds: dict[str, float] = {}
+        for name, fields in candidates.items():  # warm: compiles, allocates, first plans
+            with plan.forced(**fields):
+                seconds[name] = _timed(run, 1, warm=True)
+        first = min(seconds.values())
+        alive = [name for name, t in seconds.items() if t <= 3 * first]
+        seconds = {name: (t if name in alive else float("inf")) for name, t in seconds.items()}
+        for _ in range(_PASS_ROUNDS):
+            for name in alive:  # each timed run after one of its own, as in a training loop
+                with plan.forced(**candidates[name]):
+                    seconds[name] = min(seconds[name], _timed(run, 1, warm=True))
+        return seconds
     finally:
         calibrating.reset(token)
 
@@ -295,11 +308,8 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
         # out of the way, and a short run bounds the time of slow steps
         step = rec["fwd"][fields["fwd_rec"]][1] + rec["bwd"][fields["bwd_rec"]][1]
         steps = max(3, min(_STEPS, int(_PASS_SECONDS / max(step, 1e-9))))
-        shape = {"T": steps, "B": b, "I": min(h, 16), "H": h, "D": d, "dtype": str(cd)}
-        best = float("inf")
-        for name, forced_fields in candidates.items():
-            seconds[name] = _pass_time(shape, cls["kind"], forced_fields, 3 * best)
-            best = min(best, seconds[name])
+        shape = {"T": steps, "B": b, "I": h, "H": h, "D": d, "dtype": str(cd)}
+        seconds = _pass_times(shape, cls["kind"], candidates)
     choice = _best(seconds) if seconds else "one"
     chosen = candidates[choice]
     return {
