@@ -68,7 +68,9 @@ SIZES = {
 }
 # (GEMM method of the big products, weight-gradient layout): every combination a plan can name
 # ("onednn" runs torch.mm where this torch build lacks it)
-BIG_LAYOUTS = [(m, layout) for m in ("blas", "onednn") for layout in lstmgrad.plan.WEIGHT_GRAD_LAYOUTS]
+BIG_LAYOUTS = [
+    (m, layout) for m in ("blas", "onednn") for layout in lstmgrad.plan.WEIGHT_GRAD_LAYOUTS
+]
 BATCH_SIZES = {
     "small": [3, 3, 2, 1],
     "onednn": [16, 13, 9, 2],

@@ -146,8 +146,11 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     method, layout = choice.split("/")
     return {
         "plan": {"big": method, "weight_grad": layout, "transpose_threads": tt},
-        "seconds": {**{f"{m}/products": t for m, t in products.items()}, **seconds,
-                    **{f"transpose/{k}": t for k, t in transposes.items()}},  # fmt: skip
+        "seconds": {
+            **{f"{m}/products": t for m, t in products.items()},
+            **seconds,
+            **{f"transpose/{k}": t for k, t in transposes.items()},
+        },  # fmt: skip
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
 
