@@ -36,7 +36,8 @@ calibrating: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 _STEPS = 48  # steps of the short passes that compare thread arrangements (at most)
 _PASS_SECONDS = 0.02  # about the recurrent products' time in one such pass
-_PASS_ROUNDS = 4  # rounds of those passes, the candidates taking turns
+_PASS_ROUNDS = 3  # rounds of those passes, the candidates taking turns
+_PASS_INPUT = 128  # their input width at most: the big products' share stays small
 
 
 def _timed(
@@ -307,11 +308,12 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
                                    "split_min": split_min}  # fmt: skip
     seconds: dict[str, float] = {}
     if len(candidates) > 1:
-        # the step loops are what the candidates change: a small input keeps the big products
-        # out of the way, and a short run bounds the time of slow steps
+        # the step loops are what the candidates change: a narrow input keeps the big products
+        # from dominating (but as in a model: a 16-wide one misjudged small-2), and a short
+        # run bounds the time of slow steps
         step = rec["fwd"][fields["fwd_rec"]][1] + rec["bwd"][fields["bwd_rec"]][1]
         steps = max(3, min(_STEPS, int(_PASS_SECONDS / max(step, 1e-9))))
-        shape = {"T": steps, "B": b, "I": h, "H": h, "D": d, "dtype": str(cd)}
+        shape = {"T": steps, "B": b, "I": min(h, _PASS_INPUT), "H": h, "D": d, "dtype": str(cd)}
         seconds = _pass_times(shape, cls["kind"], candidates)
     choice = _best(seconds) if seconds else "one"
     chosen = candidates[choice]
