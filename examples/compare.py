@@ -118,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--out", type=Path, default=HERE / "out", help="output directory")
-    p.add_argument("--png", type=Path, default=HERE.parent / "docs" / "char_lm.png", help="plot")
+    p.add_argument("--png", type=Path, help="plot (default: OUT/char_lm.png)")
     args, extra = p.parse_known_args(argv)
+    args.png = args.png or args.out / "char_lm.png"  # never over a tracked file
     if "--impl" in extra or any(a.startswith("--impl=") for a in extra):
         p.error("--impl is chosen by compare.py (both are run); leave it out")
 
