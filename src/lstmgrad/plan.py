@@ -309,13 +309,12 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     cd = compute_dtype(dtype)
     big = plan.big if plan.big in gemm.product_methods(cd) else "blas"
     layout = plan.weight_grad if plan.weight_grad in WEIGHT_GRAD_LAYOUTS else "rows"
-    threads = max(1, plan.threads)
-    if threads > 1 or plan.pair_walks:  # never more than the library itself is allowed
-        threads = min(threads, parallel_threads(), gemm.threads())
+
+    def allowed(n: int) -> int:  # never more than the library itself is allowed
+        return min(n, parallel_threads(), gemm.threads()) if n > 1 else 1
+
+    threads = allowed(plan.threads)
     pairs = plan.pair_walks and dims.D == 2 and cd == np.dtype(dtype) and threads >= 2
-    transpose_threads = max(1, plan.transpose_threads)
-    if transpose_threads > 1:
-        transpose_threads = min(transpose_threads, parallel_threads(), gemm.threads())
     return Plan(
         big=big,
         weight_grad=layout,
@@ -325,7 +324,7 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
         split_min=max(0, plan.split_min),
         pair_walks=pairs,
         walk=plan.walk and not pairs,
-        transpose_threads=transpose_threads,
+        transpose_threads=allowed(plan.transpose_threads),
     )
 
 

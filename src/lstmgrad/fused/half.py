@@ -112,8 +112,7 @@ def float_table() -> np.ndarray:
     global _table
     if _table is None:
         bits = np.empty((1, 1 << 16), np.uint32)
-        to_float(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)[None], bits,
-                 bits.view(np.float32))  # fmt: skip
+        to_float(np.arange(1 << 16, dtype=np.uint16)[None], bits, bits.view(np.float32))
         _table = bits.view(np.float32)[0]
     return _table
 

@@ -363,29 +363,25 @@ def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _D
                   xh: np.ndarray, hp: np.ndarray, bufs: dict, dparams: list) -> None:  # fmt: skip
     """dW_ih and dW_hh (one [4H, I_l + H] GEMM, or two in the "nt2" layout, where xh holds x
     alone and hp h_prev) and the biases of one direction."""
-    dims, dtype = call.dims, call.dtype
+    dims, dtype, layout = call.dims, call.dtype, plan.weight_grad
     width, n_rows = dims.layer_input_size(layer), dr.dg.shape[0]
     i_ih, i_hh = dims.index(layer, dr.k % dims.D, W_IH), dims.index(layer, dr.k % dims.D, W_HH)
-    if plan.weight_grad in ("nt", "nt2"):  # dG transposed
+    if layout in ("nt", "nt2"):  # dG transposed
         walks.transpose_cols(dr.dg.reshape(-1), dims.G, n_rows, 0, dims.G, bufs["dgt_flat"],
                              plan.transpose_threads)  # fmt: skip
         dgt = _dense(bufs["dgt"], dims.G, n_rows)
-        if plan.weight_grad == "nt2":  # the two GEMMs' own results, rounded where float16
-            dparams[i_ih] = half.converted(gemm.nt(dgt, xh, plan.big), dtype)
-            dparams[i_hh] = half.converted(gemm.nt(dgt, hp, plan.big), dtype)
-            _bias_grads(dims, layer, dr, dparams)
-            return
-        dw = gemm.nt(dgt, xh, plan.big)
-    elif plan.weight_grad == "tn":  # from [x | h_prev] transposed (made by the caller)
-        dw = gemm.tn(dr.dg, _dense(bufs["xht"], width + dims.H, n_rows), plan.big)
+    if layout == "nt2":  # the two GEMMs' own results, rounded where float16
+        dparams[i_ih] = half.converted(gemm.nt(dgt, xh, plan.big), dtype)
+        dparams[i_hh] = half.converted(gemm.nt(dgt, hp, plan.big), dtype)
     else:
-        dw = gemm.product(dr.dg.T, xh, _dense(bufs["dw"], dims.G, width + dims.H), plan.big)
-    half.assign(dparams[i_ih], dw[:, :width])
-    half.assign(dparams[i_hh], dw[:, width:])
-    _bias_grads(dims, layer, dr, dparams)
-
-
-def _bias_grads(dims: Dims, layer: int, dr: _Direction, dparams: list) -> None:
+        if layout == "nt":
+            dw = gemm.nt(dgt, xh, plan.big)
+        elif layout == "tn":  # from [x | h_prev] transposed (made by the caller)
+            dw = gemm.tn(dr.dg, _dense(bufs["xht"], width + dims.H, n_rows), plan.big)
+        else:
+            dw = gemm.product(dr.dg.T, xh, _dense(bufs["dw"], dims.G, width + dims.H), plan.big)
+        half.assign(dparams[i_ih], dw[:, :width])
+        half.assign(dparams[i_hh], dw[:, width:])
     if dims.has_bias:
         db = dr.dg.sum(axis=0)
         dparams[dims.index(layer, dr.k % dims.D, B_IH)][...] = db
