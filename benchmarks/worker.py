@@ -197,10 +197,9 @@ def gate(shape: dict) -> dict:
 
 
 def _setup_lstmgrad(sh: Shape, dtype: str, seed: int) -> dict:
-    """``bwd`` (lstm_backward from one forward done here) and ``fwdbwd``."""
+    """``bwd`` (lstm_backward after an untimed forward, as torch's) and ``fwdbwd``."""
     c = _case(sh, dtype)
-    saved = _forward(sh, c).saved
-    ITEMS.update(bwd=(lambda _: _backward(sh, c, saved), None),
+    ITEMS.update(bwd=(lambda saved: _backward(sh, c, saved), lambda: _forward(sh, c).saved),
                  fwdbwd=(lambda _: _backward(sh, c, _forward(sh, c).saved), None))  # fmt: skip
     return {}
 

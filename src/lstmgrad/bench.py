@@ -2,9 +2,9 @@
 
 Both sides run in this process (the repository's benchmarks/ give each its own). Per shape: a
 warm-up (Numba compiles or loads its kernels on the first call), then ``rounds`` rounds timing
-the backward alone (lstmgrad: ``lstm_backward`` from one ``lstm_forward``'s saved activations;
-torch: ``torch.autograd.backward`` of (y, h_n, c_n) after an untimed forward) and forward +
-backward, as batches interleaved torch, lstmgrad / lstmgrad, torch, each followed by a pause so
+the backward alone (each after an untimed forward: lstmgrad's ``lstm_backward`` of a fresh
+``lstm_forward``'s saved activations, torch's ``torch.autograd.backward`` of (y, h_n, c_n)) and
+forward + backward, as batches interleaved torch, lstmgrad / lstmgrad, torch, each followed by a pause so
 that the idle library's threads go to sleep. Reported: medians over rounds, the median of the
 per-round ratios torch ms / lstmgrad ms, and GEMM GFLOP/s against a peak measured here.
 """
@@ -193,10 +193,9 @@ def _items(torch: Any, lstmgrad: Any, dims: Dims, dtype: str, inp: str) -> tuple
         hx = [lg["h0"], lg["c0"]]
         lstmgrad.lstm_backward(lg["x"], hx, lp, lg["dy"], lg["dh"], lg["dc"], *saved[:7], **kw)
 
-    saved = l_fwd().saved
     return {
         ("torch", "bwd"): (t_bwd, t_fresh),
-        ("lstmgrad", "bwd"): (l_bwd, lambda: saved),
+        ("lstmgrad", "bwd"): (l_bwd, lambda: l_fwd().saved),
         ("torch", "fwdbwd"): (lambda _: t_bwd(t_fwd()), clear),
         ("lstmgrad", "fwdbwd"): (lambda _: l_bwd(l_fwd().saved), lambda: None),
     }, _torch_path(t_fwd()[0])

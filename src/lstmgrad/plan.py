@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import json
 import os
 import tempfile
@@ -237,12 +238,21 @@ class Wisdom:
             pass  # a read-only home: the measurements live for this process only
 
 
+def _cache_env() -> tuple[str | None, ...]:
+    return tuple(os.environ.get(v) for v in ("LSTMGRAD_CACHE_DIR", "XDG_CACHE_HOME", "HOME"))
+
+
+@functools.lru_cache(maxsize=8)
+def _cache_dir(env: tuple[str | None, ...]) -> Path:
+    explicit, xdg, _ = env
+    if explicit:
+        return Path(explicit)
+    return Path(xdg or os.path.join(os.path.expanduser("~"), ".cache")) / "lstmgrad"
+
+
 def cache_dir() -> Path:
     """LSTMGRAD_CACHE_DIR, else $XDG_CACHE_HOME/lstmgrad, else ~/.cache/lstmgrad."""
-    if os.environ.get("LSTMGRAD_CACHE_DIR"):
-        return Path(os.environ["LSTMGRAD_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "lstmgrad"
+    return _cache_dir(_cache_env())
 
 
 WISDOM_FORMAT = 5
@@ -357,9 +367,9 @@ def plan_for(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     forced_fields = overrides()
     if m == "off" or calibrating.get():  # a measurement's own runs take the forced fields
         return feasible(dataclasses.replace(SAFE, **forced_fields), dims, dtype, gemm)
-    key = (gemm.kind, str(np.dtype(dtype)), dims.T, dims.B, dims.I, dims.H, dims.D, m,
+    key = (gemm.kind, np.dtype(dtype), dims.T, dims.B, dims.I, dims.H, dims.D, m,
            tuple(sorted(forced_fields.items())), _thread_state(gemm.kind), os.getpid(),
-           str(cache_dir()))  # fmt: skip
+           _cache_env())  # fmt: skip
     chosen = _memo.get(key)
     if chosen is None:
         base = _measured(dims, dtype, gemm, measure=m == "on")
