@@ -54,20 +54,20 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     add = ap.add_argument
     add("--what", choices=("backward", "step"), default="backward", help="what is timed")
     add("--shapes", help="comma-separated shape ids (default: all 12)")
-    add("--rounds", type=int, help="timed rounds (default 5, step 6; 2 with --quick)")
+    add("--rounds", type=int, help="timed rounds (default 6; 2 with --quick)")
     add("--quick", action="store_true", help="smoke run: 2 rounds, short batches, no redos")
     add("--dtype", choices=("float32", "float16"), default="float32")
     add("--lstmgrad-input", choices=("arrays", "tensors"), default="arrays",
         help="backward: what lstmgrad is given, NumPy arrays (its GEMMs on NumPy's BLAS) or "
         "torch tensors over the same memory (its GEMMs on torch's)")  # fmt: skip
-    add("--processes", type=int, help="step: fresh worker pairs per shape (default 3)")
+    add("--processes", type=int, help="fresh worker pairs per shape (default 3)")
     add("--json", type=Path, help="results (default benchmarks/results/...json)")
     add("--png", type=Path, help="speedup chart (default benchmarks/results/...png)")
     add("--report", type=Path, help="print the tables of a saved JSON and exit")
     args = ap.parse_args(argv)
     step, q = args.what == "step", args.quick
-    args.rounds = args.rounds or (2 if q else 6 if step else 5)
-    args.processes = max(1, args.processes or (1 if q or not step else 3))
+    args.rounds = args.rounds or (2 if q else 6)
+    args.processes = max(1, args.processes or (1 if q else 3))
     target = (0.1 if step else 0.05) if q else 0.5
     args.timing = Timing(target, 1 if q else 3 if step else 2, 3 if step and not q else 1,
                          3 if q else 10_000, 0 if q else 2)  # fmt: skip
@@ -135,16 +135,31 @@ def gate_backward(ws: dict[str, Worker]) -> dict:
     return {"tol": GATE_TOL, "errors": errs}
 
 
-def measure_backward(sh: Shape, ws: dict, args: argparse.Namespace, peak: dict) -> dict:
-    """All timings of one shape; ``peak``: GFLOP/s of each side's GEMM library."""
+def measure_backward(sh: Shape, _: dict, args: argparse.Namespace, peak: dict) -> dict:
+    """All timings of one shape in ``args.processes`` fresh pairs of workers (a process's speed
+    on a shape is a draw), ceil(rounds / processes) rounds each, pooled; ``peak``: GFLOP/s of
+    each side's GEMM library."""
     t_start = time.perf_counter()
-    tset, _ = (ws[s].call("setup", shape=sh.to_dict(), dtype=args.dtype) for s in ws)
-    pairs, timer = {p: (p, p) for p in ("bwd", "fwdbwd")}, Timer(ws, args.timing)
+    pairs = {p: (p, p) for p in ("bwd", "fwdbwd")}
     if sh.varlen:  # torch's padded run too
         pairs |= {"bwd_dense": ("bwd_dense", "bwd"), "fwdbwd_dense": ("fwdbwd_dense", "fwdbwd")}
     groups = [[f"torch:{t}", f"lstmgrad:{lg}"] for t, lg in pairs.values()]
-    warm, reps = timer.prepare(list(dict.fromkeys(i for g in groups for i in g)))
-    kept, discarded = timer.rounds(groups, reps, args.rounds)
+    kept: list[list] = [[] for _ in groups]
+    warm, reps, discarded = [], [], []
+    for _ in range(args.processes):
+        ws = workers(args)
+        try:
+            tset, _ = (ws[s].call("setup", shape=sh.to_dict(), dtype=args.dtype) for s in ws)
+            timer = Timer(ws, args.timing)
+            w, r = timer.prepare(list(dict.fromkeys(i for g in groups for i in g)))
+            got, disc = timer.rounds(groups, r, math.ceil(args.rounds / args.processes))
+        finally:
+            close(ws)
+        warm.append(w)
+        reps.append(r)
+        discarded += disc
+        for g, rounds in enumerate(got):
+            kept[g] += rounds
     # effective rows (sum of the lengths) also for torch's padded run: useful work per second
     flops = {"bwd": sh.flops_backward(), "fwdbwd": sh.flops_fwd_bwd()}
     s = {}
@@ -326,11 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         config |= {"shapes": [s.id for s in shapes], "timing": asdict(args.timing), "seed": SEED}
         run.start(tinfo, linfo, worker_lines(args, tinfo, linfo), config=config, peak=peak)
         run.doc["gate"] = gate_step(ws, args.dtype) if step else gate_backward(ws)
-        if step:
-            close(ws)  # each shape gets fresh workers
-        say(f"timing   {len(shapes)} shapes, {args.dtype}, {args.rounds} rounds"
-            + (f" in {args.processes} fresh worker pairs each" if step else "")
-            + f", ~{args.timing.target_s:g} s per batch")  # fmt: skip
+        close(ws)  # each shape gets fresh workers
+        say(f"timing   {len(shapes)} shapes, {args.dtype}, {args.rounds} rounds in "
+            f"{args.processes} fresh worker pairs each, ~{args.timing.target_s:g} s per batch")
         results = run.doc["results"] = []
         for sh in shapes:
             r = (measure_step if step else measure_backward)(sh, ws, args, peak)
