@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         run.doc["gate"] = gate_step(ws, args.dtype) if step else gate_backward(ws)
         close(ws)  # each shape gets fresh workers
         say(f"timing   {len(shapes)} shapes, {args.dtype}, {args.rounds} rounds in "
-            f"{args.processes} fresh worker pairs each, ~{args.timing.target_s:g} s per batch")
+            f"{args.processes} fresh worker pairs each, ~{args.timing.target_s:g} s per batch")  # fmt: skip
         results = run.doc["results"] = []
         for sh in shapes:
             r = (measure_step if step else measure_backward)(sh, ws, args, peak)
