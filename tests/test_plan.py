@@ -321,3 +321,21 @@ def test_tune_command_rejects_bad_shapes(store, capsys, shape):
 
     assert main(["tune", "--shape", shape]) == 2
     assert "T,B,I,H[,L[,D]]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (64, 48), (1024, 256), (17, 1000)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dense_copies_a_transposed_view_on_any_thread_count(shape, dtype):
+    """gemm.dense: a C-contiguous array equal to its argument, the array itself where it is
+    one, a copy of a transposed view whether the copy runs on one thread or several (the
+    recurrent product's preparation, at the plan's transpose_threads)."""
+    from lstmgrad.gemm import dense
+
+    a = np.random.default_rng(0).standard_normal(shape).astype(dtype)
+    assert dense(a) is a and dense(a, 2) is a
+    for threads in (1, 2):
+        got = dense(a.T, threads)
+        assert got.flags.c_contiguous and got.dtype == dtype
+        assert np.array_equal(got, a.T)
+    strided = a[:, ::2]  # neither layout: NumPy's copy
+    assert np.array_equal(dense(strided, 2), strided) and dense(strided, 2).flags.c_contiguous

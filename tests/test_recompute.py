@@ -383,9 +383,9 @@ def test_recompute_prepares_each_recurrent_weight_once_per_layer_direction(monke
     calls = []
     original = gemm_mod.NumpyGemm._fixed
 
-    def counting(self, b, method, rows):  # type: ignore[no-untyped-def]
+    def counting(self, b, method, rows, threads):  # type: ignore[no-untyped-def]
         calls.append(b.shape)
-        return original(self, b, method, rows)
+        return original(self, b, method, rows, threads)
 
     monkeypatch.setattr(gemm_mod.NumpyGemm, "_fixed", counting)
     t, b, i, h = 40, 3, 5, 6

@@ -153,8 +153,8 @@ def test_gemms_run_on_torch(monkeypatch):
             calls.append("product")
             return super().product(a, b, scratch, method)
 
-        def fixed(self, b, method, rows):
-            product = super().fixed(b, method, rows)
+        def fixed(self, b, method, rows, threads=1):
+            product = super().fixed(b, method, rows, threads)
 
             def counted(a, out):
                 calls.append("fixed")
@@ -340,13 +340,18 @@ def test_gemm_products_against_float64(monkeypatch, lib, m, k, n):
         at, bt = np.ascontiguousarray(a.T), np.ascontiguousarray(b.T)
         check(gemm.tn(at, bt, method), want)  # (a^T)^T (b^T)^T
     out = np.full((m, n), np.nan, np.float32)
+    b_view = np.ascontiguousarray(b.T).T  # b as the transposed view the forward passes
     for method in gemm.fixed_methods(f32):
         out[...] = np.nan
         product = gemm.fixed(b, method, m)
         got = product(a, out)
+        first = np.array(got)
         check(got, want)
         assert got is out or np.isnan(out).all()  # out, or the library's own result
         check(product(a[: m // 2 + 1], out[: m // 2 + 1]), want[: m // 2 + 1])  # fewer rows
+        for mat in (b, b_view):  # a transposing copy on two threads: the same bits
+            for threads in (1, 2):
+                assert np.array_equal(np.array(gemm.fixed(mat, method, m, threads)(a, out)), first)
 
 
 def test_lazy_negation_views_are_read_as_their_values():

@@ -20,6 +20,7 @@ except ImportError:  # NumPy < 2
     byte_bounds = np.byte_bounds  # type: ignore[attr-defined]
 
 from .fused.kernels import contiguous, matmul_into, transpose_into
+from .fused.walks import transpose_cols
 
 # (a, out) -> a @ b for a fixed b: in out, or in the library's own new result, returned
 FixedGemm = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -36,7 +37,8 @@ class Gemm(Protocol):
     returns its own result (the caller uses the returned array). ``fixed(b, method, rows)``: the
     same product as a function of (a, out) for one b reused over many calls with at most
     ``rows`` rows in a (the recurrent product of every step); it returns the array holding the
-    product: out, or the library's own result. ``tn(a, bt, method)``: a.T @ bt.T, C-contiguous,
+    product: out, or the library's own result; a transposing copy the preparation makes runs on
+    ``threads`` threads (the plan's ``transpose_threads``). ``tn(a, bt, method)``: a.T @ bt.T, C-contiguous,
     for C-contiguous a [K, M] and bt [N, K]; ``nt(at, b, method)``: at @ b as a new array.
     ``threads()``: the threads the library's GEMMs use.
     """
@@ -49,7 +51,7 @@ class Gemm(Protocol):
 
     def product(self, a: np.ndarray, b: np.ndarray, scratch: np.ndarray, method: str, /) -> Any: ...
 
-    def fixed(self, b: np.ndarray, method: str, rows: int) -> FixedGemm: ...
+    def fixed(self, b: np.ndarray, method: str, rows: int, threads: int = 1) -> FixedGemm: ...
 
     def tn(self, a: np.ndarray, bt: np.ndarray, method: str, /) -> np.ndarray: ...
 
@@ -102,6 +104,22 @@ def prepared(kind: str, b: np.ndarray, method: str, rows: int,
     return product
 
 
+def dense(a: np.ndarray, threads: int = 1) -> np.ndarray:
+    """``a`` (2-D) C-contiguous: itself where it is; a transposing copy on ``threads`` threads
+    (fused.walks) where it is the transposed view of a C-contiguous float array; else
+    :func:`kernels.contiguous`. The same values whatever the thread count."""
+    if a.flags.c_contiguous:
+        return a
+    src = a.T
+    floats = a.dtype in (np.float32, np.float64)
+    if threads > 1 and a.ndim == 2 and src.flags.c_contiguous and a.size and floats:
+        n, width = src.shape
+        out = np.empty(a.shape, dtype=a.dtype)
+        transpose_cols(src.reshape(-1), width, n, 0, width, out.reshape(-1), threads)
+        return out
+    return contiguous(a)
+
+
 def loop_product(b: np.ndarray) -> FixedGemm:
     """The "loop" method of :meth:`Gemm.fixed`: a Numba loop on one thread, no library call
     (its per-call overhead dominates tiny products)."""
@@ -114,11 +132,13 @@ def loop_product(b: np.ndarray) -> FixedGemm:
     return loop
 
 
-def transposed_product(b: np.ndarray, rows: int, mm: Callable[..., Any]) -> FixedGemm:
+def transposed_product(
+    b: np.ndarray, rows: int, mm: Callable[..., Any], threads: int = 1
+) -> FixedGemm:
     """The "blas_t" method of :meth:`Gemm.fixed`: a @ b as (b^T a^T)^T, the library's product
     into a [N, rows] scratch and a tiled transpose (some BLAS run faster with the wide
     dimension as M than with a small batch); ``mm(x, y, out)`` is the library's product."""
-    bt = contiguous(b.T)  # [N, K]
+    bt = dense(b.T, threads)  # [N, K]
     tmp = np.empty(bt.shape[0] * max(rows, 1), dtype=b.dtype)
 
     def transposed(a: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -146,15 +166,16 @@ class NumpyGemm:
         # into the caller's (recycled) scratch: a new array pays its page faults every call
         return np.matmul(a, b, out=scratch)
 
-    def fixed(self, b: np.ndarray, method: str, rows: int) -> FixedGemm:
-        return prepared(self.kind, b, method, rows, lambda: self._fixed(b, method, rows))
+    def fixed(self, b: np.ndarray, method: str, rows: int, threads: int = 1) -> FixedGemm:
+        return prepared(self.kind, b, method, rows, lambda: self._fixed(b, method, rows, threads))
 
-    def _fixed(self, b: np.ndarray, method: str, rows: int) -> FixedGemm:
+    def _fixed(self, b: np.ndarray, method: str, rows: int, threads: int) -> FixedGemm:
         if method == "loop":
             return loop_product(b)
         if method == "blas_t":
-            return transposed_product(b, rows, lambda x, y, out: np.matmul(x, y, out=out))
-        b = contiguous(b)  # one layout for BLAS: results never depend on b's strides
+            mm = lambda x, y, out: np.matmul(x, y, out=out)  # noqa: E731
+            return transposed_product(b, rows, mm, threads)
+        b = dense(b, threads)  # one layout for BLAS: results never depend on b's strides
 
         def product(a: np.ndarray, out: np.ndarray) -> np.ndarray:
             return np.matmul(a, b, out=out)

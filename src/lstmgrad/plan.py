@@ -52,7 +52,8 @@ class Plan:
     loop in one Numba call (the recurrent methods are then unused); walk: each direction's step
     loop in one Numba call on one thread, recurrent product included (for layers so small that
     a library call per step costs more than its arithmetic; pair_walks take precedence);
-    transpose_threads: threads of the transposing copy the "tn" and "nt" layouts make.
+    transpose_threads: threads of the transposing copy the "tn" and "nt" layouts make, and of the
+    recurrent weight's where its product's preparation makes one (:meth:`Gemm.fixed`).
     """
 
     big: str = "blas"

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from .errors import LstmInvalidArgumentError
-from .fused.kernels import contiguous, transposed
-from .gemm import FixedGemm, loop_product, prepared, transposed_product
+from .fused.kernels import transposed
+from .gemm import FixedGemm, dense, loop_product, prepared, transposed_product
 from .machine import torch_threads
 
 
@@ -191,15 +191,15 @@ class TorchGemm:
         self._mm(a, b, scratch)
         return scratch
 
-    def fixed(self, b: np.ndarray, method: str, rows: int) -> FixedGemm:
-        return prepared(self.kind, b, method, rows, lambda: self._fixed(b, method, rows))
+    def fixed(self, b: np.ndarray, method: str, rows: int, threads: int = 1) -> FixedGemm:
+        return prepared(self.kind, b, method, rows, lambda: self._fixed(b, method, rows, threads))
 
-    def _fixed(self, b: np.ndarray, method: str, rows: int) -> FixedGemm:
+    def _fixed(self, b: np.ndarray, method: str, rows: int, threads: int) -> FixedGemm:
         torch = self._torch
         if method == "loop":
             return loop_product(b)
         if method == "blas_t":
-            return transposed_product(b, rows, self._mm)
+            return transposed_product(b, rows, self._mm, threads)
         tb = torch.from_numpy(b)
         if method not in ("onednn", "packed"):
 
@@ -211,10 +211,10 @@ class TorchGemm:
         linear = torch.ops.mkldnn._linear_pointwise
         if method == "packed":  # reordered from a dense [N, K] copy: from a strided view it
             # takes several times longer
-            weight = torch.from_numpy(contiguous(b.T))
+            weight = torch.from_numpy(dense(b.T, threads))
             weight = torch.ops.mkldnn._reorder_linear_weight(weight, max(rows, 1))
         else:
-            weight = torch.from_numpy(contiguous(b)).t()
+            weight = torch.from_numpy(dense(b, threads)).t()
 
         def onednn(a: np.ndarray, out: np.ndarray) -> np.ndarray:
             ta = torch.from_numpy(a)

@@ -272,7 +272,7 @@ def lstm_forward(
                     continue
                 walks.forward_walk_of(walk, st.ns, st.offsets)
             else:
-                rec = gemm.fixed(w_hh.T, plan.fwd_rec, batch)  # h [n, H] -> [n, 4H]
+                rec = gemm.fixed(w_hh.T, plan.fwd_rec, batch, plan.transpose_threads)  # h -> gh
                 for t, n, off in st.walks[d]:
                     g_rec = rec(h[:n], gh[:n]) if n else gh  # in gh or the library's result
                     step_acts = tuple(a[t] for a in acts)
@@ -345,7 +345,7 @@ def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.
         walk = _backward_walk(dr, w_hh, st, call.dims.D)
         walks.backward_walk_of(walk, has_dy, st.ns, st.offsets, call.need[1])
         return
-    rec = gemm.fixed(w_hh, plan.bwd_rec, call.dims.B)  # dG [n, 4H] -> dh [n, H]
+    rec = gemm.fixed(w_hh, plan.bwd_rec, call.dims.B, plan.transpose_threads)  # dG -> dh
     for step, (t, n, off) in enumerate(st.walks[1 - dr.k % call.dims.D]):
         if not n:
             continue
