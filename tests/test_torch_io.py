@@ -407,7 +407,8 @@ def two_threads(monkeypatch):
     if not walks.pairs_available():
         pytest.skip("Numba's threading layer here is not GNU OpenMP: no multi-threaded kernels")
     if numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip("Numba's thread pool has one thread (NUMBA_NUM_THREADS=1)")
+        pytest.skip("Numba's thread pool has one thread (NUMBA_NUM_THREADS=1, or one CPU "
+                    "visible to the process at start)")  # fmt: skip
     real = machine.visible_cpus()
     monkeypatch.setattr(machine, "visible_cpus", lambda: max(2, real))
     numba_before, torch_before = numba.get_num_threads(), torch.get_num_threads()
