@@ -210,10 +210,15 @@ def scaling(args: argparse.Namespace) -> dict:
         worker.setup(BY_ID[shape_id].to_dict())
         items = dict(worker.ITEMS)
         for name, label in (("bwd", "backward"), ("fwdbwd", "forward+backward")):
-            timed = items[name][0]
+            timed, untimed = items[name]
+
+            def prepare(n: int, untimed: Any = untimed) -> Any:  # threads, then the item's own
+                set_threads(n)
+                return untimed() if untimed is not None else None
+
             set_threads(1)
             reps = reps_for(items[name], 3)
-            times = alternate({str(n): (timed, lambda n=n: set_threads(n)) for n in counts},
+            times = alternate({str(n): (timed, lambda n=n: prepare(n)) for n in counts},
                               args.rounds, reps)  # fmt: skip
             ms = {n: statistics.median(times[str(n)]) for n in counts}
             speedup = ratio(times["1"], times[str(counts[-1])])
