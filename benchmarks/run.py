@@ -149,7 +149,8 @@ def measure_backward(sh: Shape, _: dict, args: argparse.Namespace, peak: dict) -
     for _ in range(args.processes):
         ws = workers(args)
         try:
-            tset, _ = (ws[s].call("setup", shape=sh.to_dict(), dtype=args.dtype) for s in ws)
+            tset = ws["torch"].call("setup", shape=sh.to_dict(), dtype=args.dtype)
+            ws["lstmgrad"].call("setup", shape=sh.to_dict(), dtype=args.dtype)
             timer = Timer(ws, args.timing)
             w, r = timer.prepare(list(dict.fromkeys(i for g in groups for i in g)))
             got, disc = timer.rounds(groups, r, math.ceil(args.rounds / args.processes))

@@ -4,9 +4,10 @@ Both sides run in this process (the repository's benchmarks/ give each its own).
 warm-up (Numba compiles or loads its kernels on the first call), then ``rounds`` rounds timing
 the backward alone (each after an untimed forward: lstmgrad's ``lstm_backward`` of a fresh
 ``lstm_forward``'s saved activations, torch's ``torch.autograd.backward`` of (y, h_n, c_n)) and
-forward + backward, as batches interleaved torch, lstmgrad / lstmgrad, torch, each followed by a pause so
-that the idle library's threads go to sleep. Reported: medians over rounds, the median of the
-per-round ratios torch ms / lstmgrad ms, and GEMM GFLOP/s against a peak measured here.
+forward + backward, as batches interleaved torch, lstmgrad / lstmgrad, torch, each followed by
+a pause so that the idle library's threads go to sleep. Reported: medians over rounds, the
+median of the per-round ratios torch ms / lstmgrad ms, and GEMM GFLOP/s against a peak
+measured here.
 """
 
 from __future__ import annotations

@@ -38,8 +38,9 @@ class Gemm(Protocol):
     same product as a function of (a, out) for one b reused over many calls with at most
     ``rows`` rows in a (the recurrent product of every step); it returns the array holding the
     product: out, or the library's own result; a transposing copy the preparation makes runs on
-    ``threads`` threads (the plan's ``transpose_threads``). ``tn(a, bt, method)``: a.T @ bt.T, C-contiguous,
-    for C-contiguous a [K, M] and bt [N, K]; ``nt(at, b, method)``: at @ b as a new array.
+    ``threads`` threads (the plan's ``transpose_threads``). ``tn(a, bt, method)``: a.T @ bt.T,
+    C-contiguous, for C-contiguous a [K, M] and bt [N, K]; ``nt(at, b, method)``: at @ b as a
+    new array.
     ``threads()``: the threads the library's GEMMs use.
     """
 
