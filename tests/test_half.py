@@ -102,3 +102,30 @@ def test_float16_gradients_in_the_subnormal_range():
         assert scale > 0
         # float16 keeps ~11 bits; subnormals fewer: compare against the largest magnitude
         assert np.abs(g64 - w64).max() <= 4e-3 * scale + 2.0**-24
+
+
+@pytest.mark.parametrize("parts", [2, 3, 7])
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_split_conversions_equal_the_one_thread_kernels(rows, parts):
+    """The conversions with their rows split over threads (fused.walks; more parts than rows
+    too) give the one-thread kernels' bits, on every float16 value, every float32 -> float16
+    rounding boundary and random float32 bit patterns. Numba runs the parts on as many threads
+    as its pool has (one included)."""
+    rng = np.random.default_rng(rows * 10 + parts)
+    bits = rng.integers(0, 1 << 32, rows * 4096, dtype=np.uint64).astype(np.uint32)
+    values = np.concatenate([_boundaries(), bits.view(np.float32)])
+    values = values[: values.size // rows * rows].reshape(rows, -1)
+    halves = np.resize(ALL_HALVES, values.shape)
+    one, split = np.empty(values.shape, np.float16), np.empty(values.shape, np.float16)
+    half.assign(one, values)
+    half.assign(split, values, threads=parts)
+    _same(split, one)
+    one32, split32 = np.empty(values.shape, np.float32), np.empty(values.shape, np.float32)
+    half.assign(one32, halves)
+    half.assign(split32, halves, threads=parts)
+    _same(split32, one32)
+    _same(half.converted(halves, np.dtype(np.float32), parts), one32)
+    in_one, in_split = values.copy(), values.copy()
+    half.round_in_place(in_one)
+    half.round_in_place(in_split, threads=parts)
+    _same(in_split, in_one)

@@ -711,6 +711,53 @@ def test_split_steps_through_the_engine(monkeypatch, two_threads, case):
     assert_backward_close(bw, ref, 1e-10)
 
 
+@pytest.mark.parametrize("inputs", ["numpy", "tensors"])
+@pytest.mark.parametrize("lengths", [False, True], ids=["dense", "lengths"])
+def test_float16_conversions_on_the_plans_threads(monkeypatch, two_threads, inputs, lengths):
+    """float16 storage: the engine's conversions (inputs, saved activations, results, dropout
+    masks, dx rounding) run split over the plan's transpose_threads, and every result is the
+    one-thread run's bit for bit."""
+    from lstmgrad.fused import walks
+
+    t, b, i, h = 5, 6, 7, 8
+    x, hx, params, dy, kw = make(np.float16, num_layers=2, t=t, b=b, i=i, h=h)
+    rng = np.random.default_rng(11)
+    masks = [((rng.random((t, b, 2 * h)) > 0.3) / 0.7).astype(np.float16)]
+    kw.update(dropout=0.3, train=True, dropout_masks=masks)
+    bs = None
+    if lengths:
+        bs = np.array([6, 6, 4, 1, 3], dtype=np.int64)  # not sorted
+        x, dy = x.reshape(t * b, -1), dy.reshape(t * b, -1)
+    split = []
+    for name in ("to_half_split", "to_float_table_split", "round_to_half_split"):
+        fn = getattr(walks, name)
+
+        def record(*a, _f=fn, _n=name):
+            split.append(_n)
+            return _f(*a)
+
+        monkeypatch.setattr(walks, name, record)
+    wrap = tensors if inputs == "tensors" else (lambda a: a)
+
+    def run(threads):
+        with forced(transpose_threads=threads, pair_walks=False):
+            fw = lstmgrad.lstm_forward(wrap(x), wrap(params), wrap(hx), wrap(bs), **kw)
+            saved = list(fw.saved[:7])
+            bw = lstmgrad.lstm_backward(wrap(x), wrap(hx), wrap(params), wrap(dy), None, None,
+                                        *saved, wrap(bs), **kw)  # fmt: skip
+        return [fw.output, fw.hy, fw.cy, bw.dx, bw.dh_prev, bw.dc_prev, *bw.dparams]
+
+    got = run(two_threads)
+    assert {"to_half_split", "to_float_table_split", "round_to_half_split"} <= set(split)
+    split.clear()
+    want = run(1)
+    assert not split
+    for g, w in zip(got, want, strict=True):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == np.float16
+        np.testing.assert_array_equal(g.view(np.uint16), w.view(np.uint16))
+
+
 _THREADS_CHILD = """
 import os
 os.environ["LSTMGRAD_PLAN"] = "threads=4,pair_walks=1,split_min=0"  # as many as allowed

@@ -52,8 +52,9 @@ class Plan:
     loop in one Numba call (the recurrent methods are then unused); walk: each direction's step
     loop in one Numba call on one thread, recurrent product included (for layers so small that
     a library call per step costs more than its arithmetic; pair_walks take precedence);
-    transpose_threads: threads of the transposing copy the "tn" and "nt" layouts make, and of the
-    recurrent weight's where its product's preparation makes one (:meth:`Gemm.fixed`).
+    transpose_threads: threads of the transposing copy the "tn" and "nt" layouts make, of the
+    recurrent weight's where its product's preparation makes one (:meth:`Gemm.fixed`), and of
+    the float16 <-> float32 conversions of float16 storage (element-wise copies like it).
     """
 
     big: str = "blas"

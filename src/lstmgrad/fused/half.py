@@ -12,6 +12,8 @@ float32: the kernels where both arrays can be seen as 2-D without a copy, NumPy 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
 
@@ -142,34 +144,53 @@ def _matrix(a: np.ndarray) -> np.ndarray | None:
     return view
 
 
-def assign(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[...] = src`` for equal shapes; float32 -> float16 rounds to nearest even."""
+_ONE_THREAD: dict[str, Any] = {"to_half": to_half, "to_float_table": to_float_table,
+               "round_to_half": round_to_half}  # fmt: skip
+
+
+def _run(kernel: str, rows: int, threads: int, *args: np.ndarray) -> None:
+    """One of the conversion kernels above on ``rows`` rows: split over ``threads`` threads
+    (fused.walks, where the plan gives more than one) or on this one."""
+    parts = min(threads, rows)
+    if parts > 1:
+        from . import walks
+
+        getattr(walks, f"{kernel}_split")(*args, parts)
+    else:
+        _ONE_THREAD[kernel](*args)
+
+
+def assign(dst: np.ndarray, src: np.ndarray, threads: int = 1) -> None:
+    """``dst[...] = src`` for equal shapes; float32 -> float16 rounds to nearest even. With
+    ``threads`` > 1 the rows split over that many threads: the same bits."""
     if dst.shape == src.shape and dst.size:
         pair = (src.dtype, dst.dtype)
         if pair in ((_F32, _F16), (_F16, _F32)):
             d, s = _matrix(dst), _matrix(src)
             if d is not None and s is not None:
                 if pair == (_F32, _F16):
-                    to_half(s.view(np.uint32), d.view(np.uint16))
+                    _run("to_half", d.shape[0], threads, s.view(np.uint32), d.view(np.uint16))
                 else:
-                    to_float_table(s.view(np.uint16), float_table(), d)
+                    _run("to_float_table", d.shape[0], threads, s.view(np.uint16),
+                         float_table(), d)  # fmt: skip
                 return
     dst[...] = src
 
 
-def converted(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def converted(a: np.ndarray, dtype: np.dtype, threads: int = 1) -> np.ndarray:
     """``a`` itself where it has ``dtype``, else a contiguous copy in it (as :func:`assign`)."""
     if a.dtype == dtype:
         return a
     out = np.empty(a.shape, dtype)
-    assign(out, a)
+    assign(out, a, threads)
     return out
 
 
-def round_in_place(a: np.ndarray) -> None:
-    """float32 ``a``'s values rounded to float16's, kept in float32."""
+def round_in_place(a: np.ndarray, threads: int = 1) -> None:
+    """float32 ``a``'s values rounded to float16's, kept in float32 (on ``threads`` threads as
+    :func:`assign`)."""
     m = _matrix(a)
     if m is None or not a.size:
         a[...] = a.astype(_F16)
         return
-    round_to_half(m.view(np.uint32), m)
+    _run("round_to_half", m.shape[0], threads, m.view(np.uint32), m)

@@ -58,17 +58,17 @@ class _Steps:
         ]
 
 
-def _c(a: np.ndarray, cd: np.dtype) -> np.ndarray:
+def _c(a: np.ndarray, cd: np.dtype, threads: int = 1) -> np.ndarray:
     """C-contiguous in the compute dtype (no copy when already so): BLAS sees one layout, so
-    results do not depend on the caller's strides."""
+    results do not depend on the caller's strides. float16 converts on ``threads`` threads."""
     if a.dtype == np.float16 and cd == np.float32:
-        return half.converted(a, cd)
+        return half.converted(a, cd, threads)
     return np.ascontiguousarray(a, dtype=cd)
 
 
-def _in(a: np.ndarray, cd: np.dtype) -> np.ndarray:
+def _in(a: np.ndarray, cd: np.dtype, threads: int = 1) -> np.ndarray:
     """An input in the compute dtype: itself (any strides) where it already is."""
-    return a if a.dtype == cd else _c(a, cd)
+    return a if a.dtype == cd else _c(a, cd, threads)
 
 
 def _dense(buf: np.ndarray, rows: int, cols: int) -> np.ndarray:
@@ -77,10 +77,10 @@ def _dense(buf: np.ndarray, rows: int, cols: int) -> np.ndarray:
     return buf.reshape(-1)[: rows * cols].reshape(rows, cols)
 
 
-def _rounded(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def _rounded(a: np.ndarray, dtype: np.dtype, threads: int = 1) -> np.ndarray:
     """``a`` rounded to the storage dtype, kept in a's dtype (in place)."""
-    if a.dtype != dtype:
-        half.round_in_place(a)  # float16 storage is the only one narrower than its compute
+    if a.dtype != dtype:  # float16 storage is the only one narrower than its compute
+        half.round_in_place(a, threads)
     return a
 
 
@@ -234,12 +234,13 @@ def lstm_forward(
     kept = dims.K if call.train else (0 if cd != dtype else (2 if plan.pair_walks else 1))
     flat = block([act] * (7 * kept), dtype)
     saved = [flat[n * kept : (n + 1) * kept] for n in range(7)]
-    masks = [_c(m, cd) for m in call.dropout_masks] if call.dropout_masks else None
+    tt = plan.transpose_threads  # the engine's copies and float16 conversions
+    masks = [_c(m, cd, tt) for m in call.dropout_masks] if call.dropout_masks else None
     for layer in range(dims.L):
         width = dims.layer_input_size(layer)
         xp = _dense(xp_buf, n_rows, width)  # [N, I_l]
         if layer == 0:
-            kernels.pack_rows(_in(call.x, cd), st.ns, st.offsets, xp, 0)
+            kernels.pack_rows(_in(call.x, cd, tt), st.ns, st.offsets, xp, 0)
         else:
             np.copyto(layer_in, y)  # the layer below's rounded output
             if masks is not None:
@@ -251,8 +252,8 @@ def lstm_forward(
             k = layer * dims.D + d
             p = d if plan.pair_walks else 0  # the direction's scratch
             h, c, gh = h_buf[p], c_buf[p], gh_buf[p]
-            w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd)  # [4H, I_l]
-            w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd)  # [4H, H]
+            w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd, tt)  # [4H, I_l]
+            w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd, tt)  # [4H, H]
             bias = _bias(call, layer, d, cd)
             # [N, 4H]: every step's input projection at once
             gx = gemm.product(xp, w_ih.T, gx_buf[p, :n_rows], plan.big)
@@ -282,8 +283,8 @@ def lstm_forward(
             if cd != dtype:
                 if call.train:
                     for n_, a in enumerate(acts):
-                        half.assign(saved[n_][k], a)
-                half.assign(y[..., d * hidden : (d + 1) * hidden], y_d)
+                        half.assign(saved[n_][k], a, tt)
+                half.assign(y[..., d * hidden : (d + 1) * hidden], y_d, tt)
         if pair:  # float32/float64 storage: the walks wrote saved and y themselves
             walks.forward_walk_pair(pair[0], pair[1], st.ns, st.offsets)
             for d in range(2):
@@ -370,9 +371,10 @@ def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _D
         walks.transpose_cols(dr.dg.reshape(-1), dims.G, n_rows, 0, dims.G, bufs["dgt_flat"],
                              plan.transpose_threads)  # fmt: skip
         dgt = _dense(bufs["dgt"], dims.G, n_rows)
+    tt = plan.transpose_threads
     if layout == "nt2":  # the two GEMMs' own results, rounded where float16
-        dparams[i_ih] = half.converted(gemm.nt(dgt, xh, plan.big), dtype)
-        dparams[i_hh] = half.converted(gemm.nt(dgt, hp, plan.big), dtype)
+        dparams[i_ih] = half.converted(gemm.nt(dgt, xh, plan.big), dtype, tt)
+        dparams[i_hh] = half.converted(gemm.nt(dgt, hp, plan.big), dtype, tt)
     else:
         if layout == "nt":
             dw = gemm.nt(dgt, xh, plan.big)
@@ -380,8 +382,8 @@ def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _D
             dw = gemm.tn(dr.dg, _dense(bufs["xht"], width + dims.H, n_rows), plan.big)
         else:
             dw = gemm.product(dr.dg.T, xh, _dense(bufs["dw"], dims.G, width + dims.H), plan.big)
-        half.assign(dparams[i_ih], dw[:, :width])
-        half.assign(dparams[i_hh], dw[:, width:])
+        half.assign(dparams[i_ih], dw[:, :width], tt)
+        half.assign(dparams[i_hh], dw[:, width:], tt)
     if dims.has_bias:
         db = dr.dg.sum(axis=0)
         dparams[dims.index(layer, dr.k % dims.D, B_IH)][...] = db
@@ -389,15 +391,15 @@ def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _D
 
 
 def _pack_layer_input(call: BackwardCall, st: _Steps, layer: int, masks: list | None,
-                      xh: np.ndarray) -> None:  # fmt: skip
+                      xh: np.ndarray, threads: int) -> None:  # fmt: skip
     """The layer's input (x, or the dropped-out output of the layer below), packed, into
-    xh[:, :I_l]."""
+    xh[:, :I_l] (float16 converted on ``threads`` threads)."""
     dims, cd, hidden = call.dims, xh.dtype, call.dims.H
     if layer == 0:
-        kernels.pack_rows(_in(call.x, cd), st.ns, st.offsets, xh, 0)
+        kernels.pack_rows(_in(call.x, cd, threads), st.ns, st.offsets, xh, 0)
         return
     for d in range(dims.D):
-        h_below = _c(call.saved[4][(layer - 1) * dims.D + d], cd)
+        h_below = _c(call.saved[4][(layer - 1) * dims.D + d], cd, threads)
         if masks is not None:
             m = masks[layer - 1][..., d * hidden : (d + 1) * hidden]
             kernels.pack_rows_scaled(h_below, m, st.ns, st.offsets, xh, d * hidden)
@@ -442,8 +444,9 @@ def lstm_backward(
     dh_prev = outs[1] if need_dh else None
     dc_prev = outs[2] if need_dc else None
     dparams = outs[3:] if need_dw else None
-    masks = [_c(m, cd) for m in call.dropout_masks] if call.dropout_masks else None
-    dy = None if call.dy is None else _in(call.dy, cd)
+    tt = plan.transpose_threads  # the engine's copies and float16 conversions
+    masks = [_c(m, cd, tt) for m in call.dropout_masks] if call.dropout_masks else None
+    dy = None if call.dy is None else _in(call.dy, cd, tt)
     dx_out = None
     dummy = np.zeros((1, 1, 1), dtype=cd)
     for layer in reversed(range(dims.L)):
@@ -457,7 +460,7 @@ def lstm_backward(
             hp = xh_flat[n_rows * width : n_rows * (width + hidden)].reshape(n_rows, hidden)
             hp_col = 0
         if need_dw:
-            _pack_layer_input(call, st, layer, masks, xh)
+            _pack_layer_input(call, st, layer, masks, xh, tt)
             if layout == "tn":  # and transposed
                 walks.transpose_cols(xh_flat, width + hidden, n_rows, 0, width, xht_flat,
                                      plan.transpose_threads)  # fmt: skip
@@ -476,7 +479,7 @@ def lstm_backward(
             for dr in dirs:
                 _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp)
                 _initial_grads(call, dr.k, dr.dh, dr.dc)
-                w_hh = _c(call.params[dims.index(layer, dr.k % 2, W_HH)], cd)  # [4H, H]
+                w_hh = _c(call.params[dims.index(layer, dr.k % 2, W_HH)], cd, tt)  # [4H, H]
                 pair.append(_backward_walk(dr, w_hh, st, 2))
             walks.backward_walk_pair(pair[0], pair[1], dy is not None, st.ns, st.offsets, need_dh)
         dx_parts: list[np.ndarray] = []
@@ -485,10 +488,10 @@ def lstm_backward(
             if not plan.pair_walks:
                 if cd != dtype:
                     for n_, s in enumerate(call.saved):
-                        half.assign(acts_buf[n_], s[dr.k])
+                        half.assign(acts_buf[n_], s[dr.k], tt)
                 _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp)
                 _initial_grads(call, dr.k, dr.dh, dr.dc)
-                w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd)  # [4H, H]
+                w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd, tt)  # [4H, H]
                 _walk_back(call, plan, gemm, st, w_hh, dr, dy is not None)
             elif need_dw:  # this direction's h_prev again: the directions share hp
                 _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp)
@@ -500,23 +503,23 @@ def lstm_backward(
             if dc_prev is not None:
                 dc_prev[dr.k] = dr.dc
             if want_dx:
-                w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd)  # [4H, I_l]
+                w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd, tt)  # [4H, I_l]
                 dx_dense = _dense(dx_buf[d], n_rows, width)
                 dx_parts.append(gemm.product(dr.dg, w_ih, dx_dense, plan.big))  # [N, I_l]
             if dparams is not None:
                 _weight_grads(call, plan, gemm, layer, dr, xh, hp, bufs, dparams)
         if want_dx:
             # each direction's dx rounded to the storage dtype, summed in it (docs/math.md)
-            total = _rounded(dx_parts[0], dtype)
+            total = _rounded(dx_parts[0], dtype, tt)
             if dims.D == 2:
-                np.add(total, _rounded(dx_parts[1], dtype), out=total)
-                _rounded(total, dtype)
+                np.add(total, _rounded(dx_parts[1], dtype, tt), out=total)
+                _rounded(total, dtype, tt)
             if layer > 0:
                 dy = dy_buf
                 kernels.unpack_rows(total, st.ns, st.offsets, dy)
                 if masks is not None:
                     np.multiply(dy, masks[layer - 1], out=dy)
-                    _rounded(dy, dtype)
+                    _rounded(dy, dtype, tt)
             elif cd == dtype:
                 dx_out = outs[0]
                 kernels.unpack_rows(total, st.ns, st.offsets, dx_out)
@@ -524,5 +527,5 @@ def lstm_backward(
                 dx_cd = np.empty((t_steps, batch, dims.I), dtype=cd)
                 kernels.unpack_rows(total, st.ns, st.offsets, dx_cd)
                 dx_out = outs[0]
-                half.assign(dx_out, dx_cd)  # exact: the values are already float16-rounded
+                half.assign(dx_out, dx_cd, tt)  # exact: the values are already float16-rounded
     return dx_out, dh_prev, dc_prev, dparams

@@ -1,6 +1,7 @@
 """The fused engine's multi-threaded parts, on Numba's OpenMP threading layer: whole step loops
 in Numba for the two directions of a bidirectional layer at once, step kernels with their
-rows split over several threads, and the weight gradient's transposing copy.
+rows split over several threads, the weight gradient's transposing copy and the float16
+conversions.
 
 On small models the per-step GEMM call dominates, and a direction's steps depend on each
 other, so the one parallelism left is the two directions: each walks its whole step loop in
@@ -28,6 +29,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from .half import round_to_half, to_float_table, to_half
 from .kernels import backward_step, forward_step, jit, matmul_into, transpose_region
 from .kernels import transpose_cols as _transpose_cols
 
@@ -214,6 +216,43 @@ def transpose_cols(src, width, n, c0, c1, dst, threads):  # type: ignore[no-unty
         transpose_cols_split(src, width, n, c0, c1, dst, threads)
     else:
         _transpose_cols(src, width, n, c0, c1, dst)
+
+
+# float16 conversions (fused.half) with the rows split over ``parts`` threads: element by
+# element, so the same bits whatever the number of parts.
+
+
+@_parallel
+def to_half_split(src, dst, parts):  # pragma: no cover
+    """:func:`half.to_half` on ``parts`` blocks of rows at once."""
+    rows = src.shape[0]
+    size = (rows + parts - 1) // parts
+    for q in prange(parts):
+        lo = min(q * size, rows)
+        hi = min(lo + size, rows)
+        to_half(src[lo:hi], dst[lo:hi])
+
+
+@_parallel
+def to_float_table_split(src, table, dst, parts):  # pragma: no cover
+    """:func:`half.to_float_table` on ``parts`` blocks of rows at once."""
+    rows = src.shape[0]
+    size = (rows + parts - 1) // parts
+    for q in prange(parts):
+        lo = min(q * size, rows)
+        hi = min(lo + size, rows)
+        to_float_table(src[lo:hi], table, dst[lo:hi])
+
+
+@_parallel
+def round_to_half_split(bits, values, parts):  # pragma: no cover
+    """:func:`half.round_to_half` on ``parts`` blocks of rows at once."""
+    rows = bits.shape[0]
+    size = (rows + parts - 1) // parts
+    for q in prange(parts):
+        lo = min(q * size, rows)
+        hi = min(lo + size, rows)
+        round_to_half(bits[lo:hi], values[lo:hi])
 
 
 _decided: tuple[int, bool] | None = None  # (pid, answer) of the process that decided
