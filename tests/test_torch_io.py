@@ -740,7 +740,7 @@ def test_float16_conversions_on_the_plans_threads(monkeypatch, two_threads, inpu
     wrap = tensors if inputs == "tensors" else (lambda a: a)
 
     def run(threads):
-        with forced(transpose_threads=threads, pair_walks=False):
+        with forced(transpose_threads=threads, pair_walks=False, convert="kernels"):
             fw = lstmgrad.lstm_forward(wrap(x), wrap(params), wrap(hx), wrap(bs), **kw)
             saved = list(fw.saved[:7])
             bw = lstmgrad.lstm_backward(wrap(x), wrap(hx), wrap(params), wrap(dy), None, None,
@@ -756,6 +756,78 @@ def test_float16_conversions_on_the_plans_threads(monkeypatch, two_threads, inpu
         g, w = np.asarray(g), np.asarray(w)
         assert g.dtype == np.float16
         np.testing.assert_array_equal(g.view(np.uint16), w.view(np.uint16))
+
+
+def test_torch_conversion_rounds_as_the_kernels():
+    """The torch back end's float16 <-> float32 conversion (the plan's convert="library") gives
+    the engine's kernels' bits on every float16 value, every rounding boundary and random bit
+    patterns, strided views included; where it cannot take the arrays it says so (False)."""
+    from lstmgrad.fused import half
+    from test_half import ALL_HALVES, _boundaries, _same
+
+    gemm = lstmgrad.tensors.torch_gemm()
+    rng = np.random.default_rng(2)
+    bits = rng.integers(0, 1 << 32, 1 << 18, dtype=np.uint64).astype(np.uint32)
+    values = np.concatenate([_boundaries(), bits.view(np.float32)])
+    got, want = np.empty(values.shape, np.float16), np.empty(values.shape, np.float16)
+    assert gemm.convert(got, values)
+    half.assign(want, values)
+    _same(got, want)
+    back, ref = np.empty(ALL_HALVES.shape, np.float32), np.empty(ALL_HALVES.shape, np.float32)
+    assert gemm.convert(back, ALL_HALVES)
+    half.assign(ref, ALL_HALVES)
+    _same(back, ref)
+    wide = np.full((6, 10), 7.0, np.float32)
+    assert gemm.convert(wide[:, 2:8], ALL_HALVES[:36].reshape(6, 6))  # rows of a wider array
+    _same(wide[:, 2:8], ALL_HALVES[:36].reshape(6, 6).astype(np.float32))
+    assert (wide[:, :2] == 7).all() and (wide[:, 8:] == 7).all()
+    frozen = values[:8].copy()
+    frozen.flags.writeable = False
+    assert not gemm.convert(got[:8], frozen)  # torch cannot wrap a read-only array
+    assert not gemm.convert(got[:8], values[7::-1])  # nor negative strides
+    assert not lstmgrad.gemm.NUMPY_GEMM.convert(got, values)
+
+
+@pytest.mark.parametrize("lengths", [False, True], ids=["dense", "lengths"])
+def test_float16_conversions_by_the_library(monkeypatch, lengths):
+    """convert="library": float16 storage's conversions go through torch's copy, with every
+    result the kernels' run's bit for bit."""
+    from lstmgrad.tensors import TorchGemm
+
+    t, b, i, h = 5, 6, 7, 8
+    x, hx, params, dy, kw = make(np.float16, num_layers=2, t=t, b=b, i=i, h=h)
+    rng = np.random.default_rng(12)
+    masks = [((rng.random((t, b, 2 * h)) > 0.3) / 0.7).astype(np.float16)]
+    kw.update(dropout=0.3, train=True, dropout_masks=masks)
+    bs = None
+    if lengths:
+        bs = np.array([6, 5, 4, 4, 1], dtype=np.int64)
+        x, dy = x.reshape(t * b, -1), dy.reshape(t * b, -1)
+    done = []
+    convert = TorchGemm.convert
+
+    def record(self, dst, src):
+        ok = convert(self, dst, src)
+        done.append(ok)
+        return ok
+
+    monkeypatch.setattr(TorchGemm, "convert", record)
+
+    def run(how):
+        with forced(convert=how):
+            fw = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), tensors(bs), **kw)
+            bw = lstmgrad.lstm_backward(tensors(x), tensors(hx), tensors(params), tensors(dy),
+                                        None, None, *fw.saved[:7], tensors(bs), **kw)  # fmt: skip
+        return [fw.output, fw.hy, fw.cy, bw.dx, bw.dh_prev, bw.dc_prev, *bw.dparams]
+
+    got = run("library")
+    assert sum(done) >= 20  # inputs, weights, the saved activations both ways, results
+    done.clear()
+    want = run("kernels")
+    assert not done
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == torch.float16
+        np.testing.assert_array_equal(g.numpy().view(np.uint16), w.numpy().view(np.uint16))
 
 
 _THREADS_CHILD = """
@@ -822,3 +894,21 @@ def test_thread_limits_cap_the_plan(monkeypatch, two_threads):
         monkeypatch.setattr(machine, "visible_cpus", lambda: 1)
         lstmgrad.plan.forget()
         assert plan_for(dims, f32, gemm).threads == 1
+
+
+def test_big_products_measure_the_conversions():
+    """The big products' measurement times float16 conversions by the kernels and by the back
+    end's own where it has one (torch), and the plan takes the faster; NumPy has none."""
+    from lstmgrad import tune
+    from lstmgrad.gemm import NUMPY_GEMM
+
+    cls = {"what": "big", "kind": "torch", "dtype": "float32", "N": 64, "I": 8, "H": 16}
+    entry = tune.measure_big(cls, lstmgrad.tensors.torch_gemm())
+    times = {k: entry["seconds"][f"convert/{k}"] for k in ("kernels", "library")}
+    assert all(0 < t < 1 for t in times.values())
+    assert entry["plan"]["convert"] == min(times, key=lambda k: times[k])
+    numpy_entry = tune.measure_big({**cls, "kind": "numpy"}, NUMPY_GEMM)
+    assert numpy_entry["plan"]["convert"] == "kernels"
+    assert not any(k.startswith("convert/") for k in numpy_entry["seconds"])
+    f64 = tune.measure_big({**cls, "dtype": "float64"}, lstmgrad.tensors.torch_gemm())
+    assert f64["plan"]["convert"] == "kernels"  # float64 storage converts nothing

@@ -41,7 +41,10 @@ class Gemm(Protocol):
     ``threads`` threads (the plan's ``transpose_threads``). ``tn(a, bt, method)``: a.T @ bt.T,
     C-contiguous, for C-contiguous a [K, M] and bt [N, K]; ``nt(at, b, method)``: at @ b as a
     new array.
-    ``threads()``: the threads the library's GEMMs use.
+    ``threads()``: the threads the library's GEMMs use. ``convert(dst, src)``: ``dst[...] =
+    src`` between float32 and float16 by the library itself, rounding as the engine's kernels
+    (IEEE round to nearest even; :mod:`lstmgrad.fused.half`); False where it has no such
+    conversion for these arrays (the kernels then convert).
     """
 
     kind: str
@@ -59,6 +62,8 @@ class Gemm(Protocol):
     def nt(self, at: np.ndarray, b: np.ndarray, method: str, /) -> np.ndarray: ...
 
     def threads(self) -> int: ...
+
+    def convert(self, dst: np.ndarray, src: np.ndarray, /) -> bool: ...
 
 
 _prepared: contextvars.ContextVar[tuple[list[np.ndarray], dict] | None] = contextvars.ContextVar(
@@ -193,6 +198,9 @@ class NumpyGemm:
         from .machine import blas_threads
 
         return blas_threads()
+
+    def convert(self, dst: np.ndarray, src: np.ndarray, /) -> bool:
+        return False  # NumPy's own float16 conversion is slower than the engine's kernels
 
 
 NUMPY_GEMM = NumpyGemm()

@@ -54,7 +54,9 @@ class Plan:
     a library call per step costs more than its arithmetic; pair_walks take precedence);
     transpose_threads: threads of the transposing copy the "tn" and "nt" layouts make, of the
     recurrent weight's where its product's preparation makes one (:meth:`Gemm.fixed`), and of
-    the float16 <-> float32 conversions of float16 storage (element-wise copies like it).
+    the float16 <-> float32 conversions of float16 storage (element-wise copies like it);
+    convert: what runs those conversions ("kernels": the engine's, on transpose_threads;
+    "library": the GEMM back end's own, :meth:`Gemm.convert`, where it has one).
     """
 
     big: str = "blas"
@@ -66,6 +68,7 @@ class Plan:
     pair_walks: bool = False
     walk: bool = False
     transpose_threads: int = 1
+    convert: str = "kernels"
 
     def describe(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
@@ -86,8 +89,9 @@ _forced: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
 
 BIG_METHODS = ("blas", "onednn")
 RECURRENT_METHODS = ("blas", "blas_t", "loop", "onednn", "packed")
+CONVERSIONS = ("kernels", "library")
 _CHOICES = {"big": BIG_METHODS, "weight_grad": WEIGHT_GRAD_LAYOUTS, "fwd_rec": RECURRENT_METHODS,
-            "bwd_rec": RECURRENT_METHODS}  # fmt: skip
+            "bwd_rec": RECURRENT_METHODS, "convert": CONVERSIONS}  # fmt: skip
 
 
 def _checked(where: str, name: str, value: Any) -> Any:
@@ -257,7 +261,7 @@ def cache_dir() -> Path:
     return _cache_dir(_cache_env())
 
 
-WISDOM_FORMAT = 5
+WISDOM_FORMAT = 6
 """The version of what a measurement holds: a store written with other candidates (an older
 lstmgrad) is measured again rather than read."""
 
@@ -337,6 +341,7 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
         pair_walks=pairs,
         walk=plan.walk and not pairs,
         transpose_threads=allowed(plan.transpose_threads),
+        convert=plan.convert if plan.convert in CONVERSIONS else "kernels",
     )
 
 

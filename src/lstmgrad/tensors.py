@@ -144,6 +144,53 @@ def _probe_onednn(torch: Any) -> bool:
     return _onednn_probe
 
 
+_conversion_probe: bool | None = None
+
+
+def _same_values(got: np.ndarray, want: np.ndarray) -> bool:
+    """The same bits, a NaN for a NaN of the same sign (payloads may differ: NumPy's and the
+    kernels' conversions keep a signalling NaN signalling, F16C quiets it)."""
+    nan = np.isnan(want)
+    ints = {2: np.uint16, 4: np.uint32}[got.itemsize]
+    return bool(
+        np.array_equal(np.isnan(got), nan)
+        and np.array_equal(np.signbit(got[nan]), np.signbit(want[nan]))
+        and np.array_equal(got[~nan].view(ints), want[~nan].view(ints))
+    )
+
+
+def _probe_conversion(torch: Any) -> bool:
+    """Whether torch's float32 <-> float16 copy (``Tensor.copy_``) gives the engine's kernels'
+    bits (lstmgrad.fused.half) on every float16 value and on float32 values at and around
+    every float16 rounding boundary, specials and random bit patterns (a NaN's payload may
+    differ, as between NumPy's conversions and F16C's); checked once a process."""
+    global _conversion_probe
+    if _conversion_probe is None:
+        from .fused import half
+
+        ok = False
+        try:
+            values = half.float_table()  # every float16, as float32
+            finite = np.unique(values[np.isfinite(values)].astype(np.float64))
+            mids = ((finite[1:] + finite[:-1]) / 2).astype(np.float32)  # exact in float32
+            rng = np.random.default_rng(0)
+            bits = rng.integers(0, 1 << 32, 1 << 16, dtype=np.uint64).astype(np.uint32)
+            wide = np.concatenate([values, mids, np.nextafter(mids, np.float32(np.inf)),
+                                   np.nextafter(mids, np.float32(-np.inf)),
+                                   bits.view(np.float32)])[None]  # fmt: skip
+            want16, got16 = np.empty(wide.shape, np.float16), np.empty(wide.shape, np.float16)
+            half.assign(want16, wide)
+            torch.from_numpy(got16).copy_(torch.from_numpy(wide))
+            halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+            got32 = np.empty((1, halves.size), np.float32)
+            torch.from_numpy(got32).copy_(torch.from_numpy(halves[None]))
+            ok = _same_values(got16, want16) and _same_values(got32, values[None])
+        except Exception:  # a torch without this conversion: the kernels serve
+            ok = False
+        _conversion_probe = ok
+    return _conversion_probe
+
+
 class TorchGemm:
     """GEMMs computed by torch on NumPy views of tensor memory (see :class:`lstmgrad.gemm.Gemm`).
 
@@ -241,6 +288,15 @@ class TorchGemm:
 
     def threads(self) -> int:
         return torch_threads()
+
+    def convert(self, dst: np.ndarray, src: np.ndarray, /) -> bool:
+        # torch's copy (vectorised, on its threads), where it rounds as the kernels do; NumPy
+        # views torch cannot wrap (read-only, negative strides) go to the kernels
+        if not (src.flags.writeable and min(src.strides, default=0) >= 0
+                and min(dst.strides, default=0) >= 0 and _probe_conversion(self._torch)):  # fmt: skip
+            return False
+        self._torch.from_numpy(dst).copy_(self._torch.from_numpy(src))
+        return True
 
 
 def torch_gemm() -> TorchGemm:

@@ -106,6 +106,7 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
                                  threads)  # fmt: skip
         transposes[str(threads)] = _timed(copy, _reps(_timed(copy, 1)))
     tt = int(_best(transposes))
+    conversions = _conversion_times(gemm, n, h, cd, tt)
 
     def weight_grad(layout: str, method: str) -> Callable[[], Any]:
         def rows() -> Any:
@@ -146,14 +147,46 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     choice = _best(seconds)
     method, layout = choice.split("/")
     return {
-        "plan": {"big": method, "weight_grad": layout, "transpose_threads": tt},
+        "plan": {
+            "big": method,
+            "weight_grad": layout,
+            "transpose_threads": tt,
+            "convert": _best(conversions) if conversions else "kernels",
+        },
         "seconds": {
             **{f"{m}/products": t for m, t in products.items()},
             **seconds,
             **{f"transpose/{k}": t for k, t in transposes.items()},
+            **{f"convert/{k}": t for k, t in conversions.items()},
         },  # fmt: skip
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+
+
+def _conversion_times(gemm: Any, n: int, h: int, cd: np.dtype, threads: int) -> dict[str, float]:
+    """Times of float16 -> float32 and back of an [n, h] array by the engine's kernels (on
+    ``threads`` threads) and by the back end's own conversion, where it has one (float32
+    compute only: float16 storage's)."""
+    from .fused import half
+
+    if cd != np.float32:
+        return {}
+    rng = np.random.default_rng(3)
+    wide = _rand(rng, (n, h), cd)
+    narrow = np.empty((n, h), np.float16)
+    if not gemm.convert(narrow[:1], wide[:1]):
+        return {}
+
+    def run(how: half.Conversion) -> Callable[[], None]:
+        def both() -> None:
+            half.assign(narrow, wide, how)
+            half.assign(wide, narrow, how)
+
+        return both
+
+    kernels, library = run(half.Conversion(threads)), run(half.Conversion(1, gemm.convert))
+    reps = _reps(_timed(kernels, 1))
+    return {"kernels": _timed(kernels, reps), "library": _timed(library, reps)}
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,12 +7,14 @@ These kernels convert with integer operations at the same rounding (IEEE round t
 ties to even; infinities and NaNs kept, a NaN's sign too), whatever the values.
 
 :func:`assign` is the engine's ``dst[...] = src`` where one side is float16 and the other
-float32: the kernels where both arrays can be seen as 2-D without a copy, NumPy otherwise.
+float32: the GEMM library's own conversion where the plan chose it (torch's, as exact), else
+the kernels where both arrays can be seen as 2-D without a copy, NumPy otherwise.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numba
 import numpy as np
@@ -160,35 +162,50 @@ def _run(kernel: str, rows: int, threads: int, *args: np.ndarray) -> None:
         _ONE_THREAD[kernel](*args)
 
 
-def assign(dst: np.ndarray, src: np.ndarray, threads: int = 1) -> None:
-    """``dst[...] = src`` for equal shapes; float32 -> float16 rounds to nearest even. With
-    ``threads`` > 1 the rows split over that many threads: the same bits."""
+class Conversion(NamedTuple):
+    """How the engine converts between float16 and float32: the kernels on ``threads`` threads,
+    or ``library`` (the GEMM back end's own conversion, :meth:`lstmgrad.gemm.Gemm.convert`)
+    where given and able to."""
+
+    threads: int = 1
+    library: Callable[[np.ndarray, np.ndarray], bool] | None = None
+
+
+ONE_THREAD = Conversion()
+
+
+def assign(dst: np.ndarray, src: np.ndarray, how: Conversion = ONE_THREAD) -> None:
+    """``dst[...] = src`` for equal shapes; float32 -> float16 rounds to nearest even. The
+    kernels' rows split over ``how.threads`` threads where more than one: the same bits."""
     if dst.shape == src.shape and dst.size:
         pair = (src.dtype, dst.dtype)
         if pair in ((_F32, _F16), (_F16, _F32)):
+            if how.library is not None and how.library(dst, src):
+                return
             d, s = _matrix(dst), _matrix(src)
             if d is not None and s is not None:
                 if pair == (_F32, _F16):
-                    _run("to_half", d.shape[0], threads, s.view(np.uint32), d.view(np.uint16))
+                    _run("to_half", d.shape[0], how.threads, s.view(np.uint32),
+                         d.view(np.uint16))  # fmt: skip
                 else:
-                    _run("to_float_table", d.shape[0], threads, s.view(np.uint16),
+                    _run("to_float_table", d.shape[0], how.threads, s.view(np.uint16),
                          float_table(), d)  # fmt: skip
                 return
     dst[...] = src
 
 
-def converted(a: np.ndarray, dtype: np.dtype, threads: int = 1) -> np.ndarray:
+def converted(a: np.ndarray, dtype: np.dtype, how: Conversion = ONE_THREAD) -> np.ndarray:
     """``a`` itself where it has ``dtype``, else a contiguous copy in it (as :func:`assign`)."""
     if a.dtype == dtype:
         return a
     out = np.empty(a.shape, dtype)
-    assign(out, a, threads)
+    assign(out, a, how)
     return out
 
 
 def round_in_place(a: np.ndarray, threads: int = 1) -> None:
-    """float32 ``a``'s values rounded to float16's, kept in float32 (on ``threads`` threads as
-    :func:`assign`)."""
+    """float32 ``a``'s values rounded to float16's, kept in float32 (the kernel's rows split
+    over ``threads`` threads as in :func:`assign`)."""
     m = _matrix(a)
     if m is None or not a.size:
         a[...] = a.astype(_F16)

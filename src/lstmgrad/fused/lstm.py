@@ -58,17 +58,25 @@ class _Steps:
         ]
 
 
-def _c(a: np.ndarray, cd: np.dtype, threads: int = 1) -> np.ndarray:
+def _c(a: np.ndarray, cd: np.dtype, how: half.Conversion = half.ONE_THREAD) -> np.ndarray:
     """C-contiguous in the compute dtype (no copy when already so): BLAS sees one layout, so
-    results do not depend on the caller's strides. float16 converts on ``threads`` threads."""
+    results do not depend on the caller's strides. float16 converts as ``how`` says."""
     if a.dtype == np.float16 and cd == np.float32:
-        return half.converted(a, cd, threads)
+        return half.converted(a, cd, how)
     return np.ascontiguousarray(a, dtype=cd)
 
 
-def _in(a: np.ndarray, cd: np.dtype, threads: int = 1) -> np.ndarray:
+def _in(a: np.ndarray, cd: np.dtype, how: half.Conversion = half.ONE_THREAD) -> np.ndarray:
     """An input in the compute dtype: itself (any strides) where it already is."""
-    return a if a.dtype == cd else _c(a, cd, threads)
+    return a if a.dtype == cd else _c(a, cd, how)
+
+
+def _conversion(plan: Plan, gemm: Gemm) -> half.Conversion:
+    """float16 conversions as the plan says: the back end's own, or the kernels on its
+    transpose_threads."""
+    return half.Conversion(
+        plan.transpose_threads, gemm.convert if plan.convert == "library" else None
+    )
 
 
 def _dense(buf: np.ndarray, rows: int, cols: int) -> np.ndarray:
@@ -234,13 +242,13 @@ def lstm_forward(
     kept = dims.K if call.train else (0 if cd != dtype else (2 if plan.pair_walks else 1))
     flat = block([act] * (7 * kept), dtype)
     saved = [flat[n * kept : (n + 1) * kept] for n in range(7)]
-    tt = plan.transpose_threads  # the engine's copies and float16 conversions
-    masks = [_c(m, cd, tt) for m in call.dropout_masks] if call.dropout_masks else None
+    cv = _conversion(plan, gemm)
+    masks = [_c(m, cd, cv) for m in call.dropout_masks] if call.dropout_masks else None
     for layer in range(dims.L):
         width = dims.layer_input_size(layer)
         xp = _dense(xp_buf, n_rows, width)  # [N, I_l]
         if layer == 0:
-            kernels.pack_rows(_in(call.x, cd, tt), st.ns, st.offsets, xp, 0)
+            kernels.pack_rows(_in(call.x, cd, cv), st.ns, st.offsets, xp, 0)
         else:
             np.copyto(layer_in, y)  # the layer below's rounded output
             if masks is not None:
@@ -252,8 +260,8 @@ def lstm_forward(
             k = layer * dims.D + d
             p = d if plan.pair_walks else 0  # the direction's scratch
             h, c, gh = h_buf[p], c_buf[p], gh_buf[p]
-            w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd, tt)  # [4H, I_l]
-            w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd, tt)  # [4H, H]
+            w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd, cv)  # [4H, I_l]
+            w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd, cv)  # [4H, H]
             bias = _bias(call, layer, d, cd)
             # [N, 4H]: every step's input projection at once
             gx = gemm.product(xp, w_ih.T, gx_buf[p, :n_rows], plan.big)
@@ -283,8 +291,8 @@ def lstm_forward(
             if cd != dtype:
                 if call.train:
                     for n_, a in enumerate(acts):
-                        half.assign(saved[n_][k], a, tt)
-                half.assign(y[..., d * hidden : (d + 1) * hidden], y_d, tt)
+                        half.assign(saved[n_][k], a, cv)
+                half.assign(y[..., d * hidden : (d + 1) * hidden], y_d, cv)
         if pair:  # float32/float64 storage: the walks wrote saved and y themselves
             walks.forward_walk_pair(pair[0], pair[1], st.ns, st.offsets)
             for d in range(2):
@@ -371,10 +379,10 @@ def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _D
         walks.transpose_cols(dr.dg.reshape(-1), dims.G, n_rows, 0, dims.G, bufs["dgt_flat"],
                              plan.transpose_threads)  # fmt: skip
         dgt = _dense(bufs["dgt"], dims.G, n_rows)
-    tt = plan.transpose_threads
+    cv = _conversion(plan, gemm)
     if layout == "nt2":  # the two GEMMs' own results, rounded where float16
-        dparams[i_ih] = half.converted(gemm.nt(dgt, xh, plan.big), dtype, tt)
-        dparams[i_hh] = half.converted(gemm.nt(dgt, hp, plan.big), dtype, tt)
+        dparams[i_ih] = half.converted(gemm.nt(dgt, xh, plan.big), dtype, cv)
+        dparams[i_hh] = half.converted(gemm.nt(dgt, hp, plan.big), dtype, cv)
     else:
         if layout == "nt":
             dw = gemm.nt(dgt, xh, plan.big)
@@ -382,8 +390,8 @@ def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _D
             dw = gemm.tn(dr.dg, _dense(bufs["xht"], width + dims.H, n_rows), plan.big)
         else:
             dw = gemm.product(dr.dg.T, xh, _dense(bufs["dw"], dims.G, width + dims.H), plan.big)
-        half.assign(dparams[i_ih], dw[:, :width], tt)
-        half.assign(dparams[i_hh], dw[:, width:], tt)
+        half.assign(dparams[i_ih], dw[:, :width], cv)
+        half.assign(dparams[i_hh], dw[:, width:], cv)
     if dims.has_bias:
         db = dr.dg.sum(axis=0)
         dparams[dims.index(layer, dr.k % dims.D, B_IH)][...] = db
@@ -391,15 +399,15 @@ def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _D
 
 
 def _pack_layer_input(call: BackwardCall, st: _Steps, layer: int, masks: list | None,
-                      xh: np.ndarray, threads: int) -> None:  # fmt: skip
+                      xh: np.ndarray, how: half.Conversion) -> None:  # fmt: skip
     """The layer's input (x, or the dropped-out output of the layer below), packed, into
-    xh[:, :I_l] (float16 converted on ``threads`` threads)."""
+    xh[:, :I_l] (float16 converted as ``how`` says)."""
     dims, cd, hidden = call.dims, xh.dtype, call.dims.H
     if layer == 0:
-        kernels.pack_rows(_in(call.x, cd, threads), st.ns, st.offsets, xh, 0)
+        kernels.pack_rows(_in(call.x, cd, how), st.ns, st.offsets, xh, 0)
         return
     for d in range(dims.D):
-        h_below = _c(call.saved[4][(layer - 1) * dims.D + d], cd, threads)
+        h_below = _c(call.saved[4][(layer - 1) * dims.D + d], cd, how)
         if masks is not None:
             m = masks[layer - 1][..., d * hidden : (d + 1) * hidden]
             kernels.pack_rows_scaled(h_below, m, st.ns, st.offsets, xh, d * hidden)
@@ -444,9 +452,9 @@ def lstm_backward(
     dh_prev = outs[1] if need_dh else None
     dc_prev = outs[2] if need_dc else None
     dparams = outs[3:] if need_dw else None
-    tt = plan.transpose_threads  # the engine's copies and float16 conversions
-    masks = [_c(m, cd, tt) for m in call.dropout_masks] if call.dropout_masks else None
-    dy = None if call.dy is None else _in(call.dy, cd, tt)
+    tt, cv = plan.transpose_threads, _conversion(plan, gemm)
+    masks = [_c(m, cd, cv) for m in call.dropout_masks] if call.dropout_masks else None
+    dy = None if call.dy is None else _in(call.dy, cd, cv)
     dx_out = None
     dummy = np.zeros((1, 1, 1), dtype=cd)
     for layer in reversed(range(dims.L)):
@@ -460,7 +468,7 @@ def lstm_backward(
             hp = xh_flat[n_rows * width : n_rows * (width + hidden)].reshape(n_rows, hidden)
             hp_col = 0
         if need_dw:
-            _pack_layer_input(call, st, layer, masks, xh, tt)
+            _pack_layer_input(call, st, layer, masks, xh, cv)
             if layout == "tn":  # and transposed
                 walks.transpose_cols(xh_flat, width + hidden, n_rows, 0, width, xht_flat,
                                      plan.transpose_threads)  # fmt: skip
@@ -479,7 +487,7 @@ def lstm_backward(
             for dr in dirs:
                 _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp)
                 _initial_grads(call, dr.k, dr.dh, dr.dc)
-                w_hh = _c(call.params[dims.index(layer, dr.k % 2, W_HH)], cd, tt)  # [4H, H]
+                w_hh = _c(call.params[dims.index(layer, dr.k % 2, W_HH)], cd, cv)  # [4H, H]
                 pair.append(_backward_walk(dr, w_hh, st, 2))
             walks.backward_walk_pair(pair[0], pair[1], dy is not None, st.ns, st.offsets, need_dh)
         dx_parts: list[np.ndarray] = []
@@ -488,10 +496,10 @@ def lstm_backward(
             if not plan.pair_walks:
                 if cd != dtype:
                     for n_, s in enumerate(call.saved):
-                        half.assign(acts_buf[n_], s[dr.k], tt)
+                        half.assign(acts_buf[n_], s[dr.k], cv)
                 _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp)
                 _initial_grads(call, dr.k, dr.dh, dr.dc)
-                w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd, tt)  # [4H, H]
+                w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd, cv)  # [4H, H]
                 _walk_back(call, plan, gemm, st, w_hh, dr, dy is not None)
             elif need_dw:  # this direction's h_prev again: the directions share hp
                 _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp)
@@ -503,7 +511,7 @@ def lstm_backward(
             if dc_prev is not None:
                 dc_prev[dr.k] = dr.dc
             if want_dx:
-                w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd, tt)  # [4H, I_l]
+                w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd, cv)  # [4H, I_l]
                 dx_dense = _dense(dx_buf[d], n_rows, width)
                 dx_parts.append(gemm.product(dr.dg, w_ih, dx_dense, plan.big))  # [N, I_l]
             if dparams is not None:
@@ -527,5 +535,5 @@ def lstm_backward(
                 dx_cd = np.empty((t_steps, batch, dims.I), dtype=cd)
                 kernels.unpack_rows(total, st.ns, st.offsets, dx_cd)
                 dx_out = outs[0]
-                half.assign(dx_out, dx_cd, tt)  # exact: the values are already float16-rounded
+                half.assign(dx_out, dx_cd, cv)  # exact: the values are already float16-rounded
     return dx_out, dh_prev, dc_prev, dparams
