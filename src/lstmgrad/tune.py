@@ -193,19 +193,22 @@ def _conversion_times(gemm: Any, n: int, h: int, cd: np.dtype, threads: int) -> 
 # step loops
 
 
-def _recurrent_times(gemm: Any, b_mat: np.ndarray, rows: int, cd: np.dtype) -> dict[str, list]:
-    """[preparation s, per-call s] of each fixed-product method for a [rows, K] x b_mat."""
+def _recurrent_times(
+    gemm: Any, b_mat: np.ndarray, rows: int, cd: np.dtype, threads: int
+) -> dict[str, list]:
+    """[preparation s, per-call s] of each fixed-product method for a [rows, K] x b_mat, the
+    preparation's transposing copy on ``threads`` threads (as the engine runs it)."""
     rng = np.random.default_rng(1)
     a = _rand(rng, (rows, b_mat.shape[0]), cd)
     out = np.empty((rows, b_mat.shape[1]), cd)
     times: dict[str, list] = {}
     best = float("inf")
     for method in gemm.fixed_methods(cd):
-        gemm.fixed(b_mat, method, rows)(a, out)  # compiles / loads what the method needs
+        gemm.fixed(b_mat, method, rows, threads)(a, out)  # compiles / loads what it needs
         prep = float("inf")
         for _ in range(3):  # the least of a few: a page fault or another process only adds
             t0 = time.perf_counter()
-            product = gemm.fixed(b_mat, method, rows)
+            product = gemm.fixed(b_mat, method, rows, threads)
             prep = min(prep, time.perf_counter() - t0)
         run = functools.partial(product, a, out)
         call = _timed(run, 2, limit=3 * best)
@@ -318,11 +321,12 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     b, h, d = cls["B"], cls["H"], cls["D"]
     rng = np.random.default_rng(4)
     w_hh = _rand(rng, (4 * h, h), cd)
-    rec = {
-        "fwd": _recurrent_times(gemm, w_hh.T, b, cd),  # the view the engine passes
-        "bwd": _recurrent_times(gemm, w_hh, b, cd),
-    }
     threads = parallel_threads() if pairs_available() else 1
+    # a preparation's transposing copy on the threads the big products' copies get at most
+    rec = {
+        "fwd": _recurrent_times(gemm, w_hh.T, b, cd, threads),  # the view the engine passes
+        "bwd": _recurrent_times(gemm, w_hh, b, cd, threads),
+    }
     fields = {
         "fwd_rec": choose_recurrent(rec["fwd"], _STEPS),
         "bwd_rec": choose_recurrent(rec["bwd"], _STEPS),
