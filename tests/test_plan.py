@@ -339,3 +339,46 @@ def test_dense_copies_a_transposed_view_on_any_thread_count(shape, dtype):
         assert np.array_equal(got, a.T)
     strided = a[:, ::2]  # neither layout: NumPy's copy
     assert np.array_equal(dense(strided, 2), strided) and dense(strided, 2).flags.c_contiguous
+
+
+def test_transposing_copy_timed_with_the_product_after_it(monkeypatch):
+    """The big products' measurement times the transposing copy on each thread count together
+    with the library product that follows it in the engine (a pool's spinning threads can
+    delay the next library's threads, which the copy timed alone does not show): in that
+    phase every copy is followed by a product, every thread count is timed, and the plan takes
+    one of them."""
+    from lstmgrad import tune
+    from lstmgrad.fused import walks
+
+    events: list[str] = []
+    copy = walks.transpose_cols
+
+    def recorded_copy(*a):
+        events.append(f"copy/{a[-1]}")
+        return copy(*a)
+
+    class Recorded:
+        kind = "numpy"
+
+        def __getattr__(self, name):
+            return getattr(NUMPY_GEMM, name)
+
+        def product(self, *a):
+            events.append("product")
+            return NUMPY_GEMM.product(*a)
+
+    def end_of_phase(*a):
+        events.append("end")
+        return {}
+
+    monkeypatch.setattr(walks, "transpose_cols", recorded_copy)
+    monkeypatch.setattr(tune, "_conversion_times", end_of_phase)  # measured right after
+    cls = {"what": "big", "kind": "numpy", "dtype": "float32", "N": 32, "I": 8, "H": 8}
+    entry = tune.measure_big(cls, Recorded())
+    phase = events[: events.index("end")]
+    counts = sorted({1, walks.parallel_threads() if walks.pairs_available() else 1})
+    assert phase[0::2] and all(e.startswith("copy/") for e in phase[0::2])
+    assert phase[1::2] == ["product"] * len(phase[0::2])
+    assert sorted({int(e.split("/")[1]) for e in phase[0::2]}) == counts
+    timed = sorted(int(k.split("/")[1]) for k in entry["seconds"] if k.startswith("transpose/"))
+    assert timed == counts and entry["plan"]["transpose_threads"] in counts

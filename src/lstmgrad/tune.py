@@ -99,12 +99,19 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     proj, dx, dw = np.empty((n, g), cd), np.empty((n, i), cd), np.empty((g, i + h), cd)
     xht, dgt = np.empty((i + h, n), cd), np.empty((g, n), cd)
 
-    # the transposing copy: on one thread, or split over the threads Numba's pool has
+    # the transposing copy on one thread, or split over the threads Numba's pool has, each
+    # timed with the library's product that follows it in the engine: the pool's threads spin
+    # a while after the copy, and a library with threads of its own (OpenBLAS's) can wait for
+    # the CPUs they hold, which the copy alone does not show
+    follow = functools.partial(gemm.product, dg, w_ih, dx, gemm.product_methods(cd)[0])
     transposes: dict[str, float] = {}
     for threads in sorted({1, parallel_threads() if pairs_available() else 1}):
-        copy = functools.partial(transpose_cols, dg.reshape(-1), g, n, 0, g, dgt.reshape(-1),
-                                 threads)  # fmt: skip
-        transposes[str(threads)] = _timed(copy, _reps(_timed(copy, 1)))
+
+        def copy_then_product(threads: int = threads) -> None:
+            transpose_cols(dg.reshape(-1), g, n, 0, g, dgt.reshape(-1), threads)
+            follow()
+
+        transposes[str(threads)] = _timed(copy_then_product, _reps(_timed(copy_then_product, 1)))
     tt = int(_best(transposes))
     conversions = _conversion_times(gemm, n, h, cd, tt)
 
