@@ -9,9 +9,11 @@ one Numba call, recurrent product included (:func:`forward_walk_pair`,
 :func:`backward_walk_pair`). Larger models keep their recurrent product in the GEMM library,
 one step at a time, and run each step's gate maths with its rows split over threads
 (:func:`forward_step_split`, :func:`backward_step_split`). The execution plan
-(lstmgrad.plan) decides which runs, from measurements; these run only where Numba's layer is
-GNU OpenMP, the runtime torch uses (:func:`pairs_available`): another layer, or a second
-OpenMP runtime, would keep a pool of threads spinning against torch's.
+(lstmgrad.plan) decides which runs, from measurements taken between the GEMM library's calls
+(Numba's threads spin a while after a parallel region, which can hold the CPUs a library's own
+threads wait for); these run only where Numba's layer is GNU OpenMP, the runtime torch uses
+(:func:`pairs_available`): another layer, or an LLVM or Intel OpenMP runtime, would keep a
+pool of threads spinning against torch's.
 
 Each walk is one (layer, direction)'s step loop, in the walk ``order`` (0..T-1 for the forward
 direction, T-1..0 for the reverse), with the recurrent product in :func:`kernels.matmul_into`
