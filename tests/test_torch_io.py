@@ -711,6 +711,37 @@ def test_split_steps_through_the_engine(monkeypatch, two_threads, case):
     assert_backward_close(bw, ref, 1e-10)
 
 
+def _float16_training_call(wrap, seed, batch_sizes=None):
+    """A two-layer bidirectional float16 case with dropout masks (and ``batch_sizes`` where
+    given): a function running its forward and backward with ``wrap``ped arguments under
+    forced plan fields, returning every result."""
+    t, b, i, h = 5, 6, 7, 8
+    x, hx, params, dy, kw = make(np.float16, num_layers=2, t=t, b=b, i=i, h=h)
+    rng = np.random.default_rng(seed)
+    masks = [((rng.random((t, b, 2 * h)) > 0.3) / 0.7).astype(np.float16)]
+    kw.update(dropout=0.3, train=True, dropout_masks=masks)
+    bs = None
+    if batch_sizes is not None:
+        bs = np.array(batch_sizes, dtype=np.int64)
+        x, dy = x.reshape(t * b, -1), dy.reshape(t * b, -1)
+
+    def run(**fields):
+        with forced(**fields):
+            fw = lstmgrad.lstm_forward(wrap(x), wrap(params), wrap(hx), wrap(bs), **kw)
+            bw = lstmgrad.lstm_backward(wrap(x), wrap(hx), wrap(params), wrap(dy), None, None,
+                                        *fw.saved[:7], wrap(bs), **kw)  # fmt: skip
+        return [fw.output, fw.hy, fw.cy, bw.dx, bw.dh_prev, bw.dc_prev, *bw.dparams]
+
+    return run
+
+
+def _assert_same_float16_bits(got, want):
+    for g, w in zip(got, want, strict=True):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == np.float16
+        np.testing.assert_array_equal(g.view(np.uint16), w.view(np.uint16))
+
+
 @pytest.mark.parametrize("inputs", ["numpy", "tensors"])
 @pytest.mark.parametrize("lengths", [False, True], ids=["dense", "lengths"])
 def test_float16_conversions_on_the_plans_threads(monkeypatch, two_threads, inputs, lengths):
@@ -719,15 +750,8 @@ def test_float16_conversions_on_the_plans_threads(monkeypatch, two_threads, inpu
     one-thread run's bit for bit."""
     from lstmgrad.fused import walks
 
-    t, b, i, h = 5, 6, 7, 8
-    x, hx, params, dy, kw = make(np.float16, num_layers=2, t=t, b=b, i=i, h=h)
-    rng = np.random.default_rng(11)
-    masks = [((rng.random((t, b, 2 * h)) > 0.3) / 0.7).astype(np.float16)]
-    kw.update(dropout=0.3, train=True, dropout_masks=masks)
-    bs = None
-    if lengths:
-        bs = np.array([6, 6, 4, 1, 3], dtype=np.int64)  # not sorted
-        x, dy = x.reshape(t * b, -1), dy.reshape(t * b, -1)
+    wrap = tensors if inputs == "tensors" else (lambda a: a)
+    run = _float16_training_call(wrap, 11, [6, 6, 4, 1, 3] if lengths else None)  # not sorted
     split = []
     for name in ("to_half_split", "to_float_table_split", "round_to_half_split"):
         fn = getattr(walks, name)
@@ -737,25 +761,13 @@ def test_float16_conversions_on_the_plans_threads(monkeypatch, two_threads, inpu
             return _f(*a)
 
         monkeypatch.setattr(walks, name, record)
-    wrap = tensors if inputs == "tensors" else (lambda a: a)
-
-    def run(threads):
-        with forced(transpose_threads=threads, pair_walks=False, convert="kernels"):
-            fw = lstmgrad.lstm_forward(wrap(x), wrap(params), wrap(hx), wrap(bs), **kw)
-            saved = list(fw.saved[:7])
-            bw = lstmgrad.lstm_backward(wrap(x), wrap(hx), wrap(params), wrap(dy), None, None,
-                                        *saved, wrap(bs), **kw)  # fmt: skip
-        return [fw.output, fw.hy, fw.cy, bw.dx, bw.dh_prev, bw.dc_prev, *bw.dparams]
-
-    got = run(two_threads)
+    fields = dict(pair_walks=False, convert="kernels")
+    got = run(transpose_threads=two_threads, **fields)
     assert {"to_half_split", "to_float_table_split", "round_to_half_split"} <= set(split)
     split.clear()
-    want = run(1)
+    want = run(transpose_threads=1, **fields)
     assert not split
-    for g, w in zip(got, want, strict=True):
-        g, w = np.asarray(g), np.asarray(w)
-        assert g.dtype == np.float16
-        np.testing.assert_array_equal(g.view(np.uint16), w.view(np.uint16))
+    _assert_same_float16_bits(got, want)
 
 
 def test_torch_conversion_rounds_as_the_kernels():
@@ -794,15 +806,7 @@ def test_float16_conversions_by_the_library(monkeypatch, lengths):
     result the kernels' run's bit for bit."""
     from lstmgrad.tensors import TorchGemm
 
-    t, b, i, h = 5, 6, 7, 8
-    x, hx, params, dy, kw = make(np.float16, num_layers=2, t=t, b=b, i=i, h=h)
-    rng = np.random.default_rng(12)
-    masks = [((rng.random((t, b, 2 * h)) > 0.3) / 0.7).astype(np.float16)]
-    kw.update(dropout=0.3, train=True, dropout_masks=masks)
-    bs = None
-    if lengths:
-        bs = np.array([6, 5, 4, 4, 1], dtype=np.int64)
-        x, dy = x.reshape(t * b, -1), dy.reshape(t * b, -1)
+    run = _float16_training_call(tensors, 12, [6, 5, 4, 4, 1] if lengths else None)
     done = []
     convert = TorchGemm.convert
 
@@ -812,22 +816,13 @@ def test_float16_conversions_by_the_library(monkeypatch, lengths):
         return ok
 
     monkeypatch.setattr(TorchGemm, "convert", record)
-
-    def run(how):
-        with forced(convert=how):
-            fw = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), tensors(bs), **kw)
-            bw = lstmgrad.lstm_backward(tensors(x), tensors(hx), tensors(params), tensors(dy),
-                                        None, None, *fw.saved[:7], tensors(bs), **kw)  # fmt: skip
-        return [fw.output, fw.hy, fw.cy, bw.dx, bw.dh_prev, bw.dc_prev, *bw.dparams]
-
-    got = run("library")
+    got = run(convert="library")
     assert sum(done) >= 20  # inputs, weights, the saved activations both ways, results
     done.clear()
-    want = run("kernels")
+    want = run(convert="kernels")
     assert not done
-    for g, w in zip(got, want, strict=True):
-        assert g.dtype == torch.float16
-        np.testing.assert_array_equal(g.numpy().view(np.uint16), w.numpy().view(np.uint16))
+    assert all(isinstance(g, torch.Tensor) for g in got)
+    _assert_same_float16_bits(got, want)
 
 
 _THREADS_CHILD = """

@@ -181,7 +181,7 @@ def _probe_conversion(torch: Any) -> bool:
             want16, got16 = np.empty(wide.shape, np.float16), np.empty(wide.shape, np.float16)
             half.assign(want16, wide)
             torch.from_numpy(got16).copy_(torch.from_numpy(wide))
-            halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+            halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
             got32 = np.empty((1, halves.size), np.float32)
             torch.from_numpy(got32).copy_(torch.from_numpy(halves[None]))
             ok = _same_values(got16, want16) and _same_values(got32, values[None])

@@ -161,6 +161,14 @@ def backward_walk_pair(walk0, walk1, has_dy, ns, offsets, need_last):  # pragma:
 # number of parts. Whether and from which step size it pays is measured (lstmgrad.tune).
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _block(n, parts, q):  # pragma: no cover
+    """Rows [lo, hi) of block q when n rows split into ``parts`` blocks of ceil(n / parts)."""
+    size = (n + parts - 1) // parts
+    lo = min(q * size, n)
+    return lo, min(lo + size, n)
+
+
 @_parallel
 def forward_step_split(
     gx, gh, bias, h, c, n, parts, s_i, s_g, s_f, s_o, s_h, s_c, s_tc, y
@@ -168,11 +176,10 @@ def forward_step_split(
     """:func:`kernels.forward_step` on ``parts`` threads: active rows in blocks of
     ceil(n / parts), the last block also holding the masked rows [n, B)."""
     rows = h.shape[0]
-    size = (n + parts - 1) // parts
     for q in prange(parts):
-        lo = min(q * size, n)
-        k = min(lo + size, n) - lo
-        hi = rows if q == parts - 1 else lo + k
+        lo, end = _block(n, parts, q)
+        k = end - lo
+        hi = rows if q == parts - 1 else end
         forward_step(
             gx[lo : lo + k], gh[lo:hi], bias, h[lo:hi], c[lo:hi], k,
             s_i[lo:hi], s_g[lo:hi], s_f[lo:hi], s_o[lo:hi], s_h[lo:hi], s_c[lo:hi],
@@ -186,10 +193,8 @@ def backward_step_split(
 ):  # pragma: no cover
     """:func:`kernels.backward_step` on ``parts`` threads, active rows in blocks of
     ceil(n / parts) (dy: any array without has_dy, as there)."""
-    size = (n + parts - 1) // parts
     for q in prange(parts):
-        lo = min(q * size, n)
-        hi = min(lo + size, n)
+        lo, hi = _block(n, parts, q)
         if hi > lo:
             backward_step(
                 dy[lo:hi], has_dy, dh[lo:hi], dc[lo:hi], s_i[lo:hi], s_g[lo:hi],
@@ -227,33 +232,24 @@ def transpose_cols(src, width, n, c0, c1, dst, threads):  # type: ignore[no-unty
 @_parallel
 def to_half_split(src, dst, parts):  # pragma: no cover
     """:func:`half.to_half` on ``parts`` blocks of rows at once."""
-    rows = src.shape[0]
-    size = (rows + parts - 1) // parts
     for q in prange(parts):
-        lo = min(q * size, rows)
-        hi = min(lo + size, rows)
+        lo, hi = _block(src.shape[0], parts, q)
         to_half(src[lo:hi], dst[lo:hi])
 
 
 @_parallel
 def to_float_table_split(src, table, dst, parts):  # pragma: no cover
     """:func:`half.to_float_table` on ``parts`` blocks of rows at once."""
-    rows = src.shape[0]
-    size = (rows + parts - 1) // parts
     for q in prange(parts):
-        lo = min(q * size, rows)
-        hi = min(lo + size, rows)
+        lo, hi = _block(src.shape[0], parts, q)
         to_float_table(src[lo:hi], table, dst[lo:hi])
 
 
 @_parallel
 def round_to_half_split(bits, values, parts):  # pragma: no cover
     """:func:`half.round_to_half` on ``parts`` blocks of rows at once."""
-    rows = bits.shape[0]
-    size = (rows + parts - 1) // parts
     for q in prange(parts):
-        lo = min(q * size, rows)
-        hi = min(lo + size, rows)
+        lo, hi = _block(bits.shape[0], parts, q)
         round_to_half(bits[lo:hi], values[lo:hi])
 
 
