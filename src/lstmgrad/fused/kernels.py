@@ -45,35 +45,84 @@ def _copy(dst, src):  # pragma: no cover
 
 
 @_jit
-def matmul_into(a, b, out):  # pragma: no cover
-    """out = a @ b for small products (a [m, k] any strides, b [k, n] and out [m, n]
-    C-contiguous), deterministic: each element of out is accumulated over k in order,
-    vectorised along n. Four rows of b at a time are applied to every row of out (so b is read
-    once from cache, and each row of out once per four k), keeping that order of additions
-    (((o + a0 b0) + a1 b1) + ...: bitwise the results of one k at a time); faster than the
-    other orders tried (docs/performance.md#kernel-measurements).
-    """
+def _rows_product(a, b, out, i, rows):  # pragma: no cover
+    """out[i : i + rows] = a[i : i + rows] @ b, four rows of b at a time applied to each row
+    (each element accumulated over k in order: (((o + a0 b0) + a1 b1) + ...), vectorised
+    along n."""
     m, k = a.shape
     n = b.shape[1]
     k4 = k - k % 4
-    for i in range(m):
-        o = out[i]
+    for r in range(i, i + rows):
+        o = out[r]
         for j in range(n):
             o[j] = 0.0
     for p in range(0, k4, 4):
         b0, b1, b2, b3 = b[p], b[p + 1], b[p + 2], b[p + 3]
-        for i in range(m):
-            a0, a1, a2, a3 = a[i, p], a[i, p + 1], a[i, p + 2], a[i, p + 3]
-            o = out[i]
+        for r in range(i, i + rows):
+            a0, a1, a2, a3 = a[r, p], a[r, p + 1], a[r, p + 2], a[r, p + 3]
+            o = out[r]
             for j in range(n):
                 o[j] = o[j] + a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j]
     for p in range(k4, k):
         b_p = b[p]
-        for i in range(m):
-            av = a[i, p]
-            o = out[i]
+        for r in range(i, i + rows):
+            av = a[r, p]
+            o = out[r]
             for j in range(n):
                 o[j] += av * b_p[j]
+
+
+@_jit
+def _four_rows(a, b, out, i):  # pragma: no cover
+    """:func:`_rows_product` of rows i .. i + 3 in one pass over b: each load of b serves four
+    rows of out (the same additions in the same order)."""
+    k = a.shape[1]
+    n = b.shape[1]
+    k4 = k - k % 4
+    o0, o1, o2, o3 = out[i], out[i + 1], out[i + 2], out[i + 3]
+    for j in range(n):
+        o0[j] = 0.0
+        o1[j] = 0.0
+        o2[j] = 0.0
+        o3[j] = 0.0
+    for p in range(0, k4, 4):
+        b0, b1, b2, b3 = b[p], b[p + 1], b[p + 2], b[p + 3]
+        a00, a01, a02, a03 = a[i, p], a[i, p + 1], a[i, p + 2], a[i, p + 3]
+        a10, a11, a12, a13 = a[i + 1, p], a[i + 1, p + 1], a[i + 1, p + 2], a[i + 1, p + 3]
+        a20, a21, a22, a23 = a[i + 2, p], a[i + 2, p + 1], a[i + 2, p + 2], a[i + 2, p + 3]
+        a30, a31, a32, a33 = a[i + 3, p], a[i + 3, p + 1], a[i + 3, p + 2], a[i + 3, p + 3]
+        for j in range(n):
+            x0, x1, x2, x3 = b0[j], b1[j], b2[j], b3[j]
+            o0[j] = o0[j] + a00 * x0 + a01 * x1 + a02 * x2 + a03 * x3
+            o1[j] = o1[j] + a10 * x0 + a11 * x1 + a12 * x2 + a13 * x3
+            o2[j] = o2[j] + a20 * x0 + a21 * x1 + a22 * x2 + a23 * x3
+            o3[j] = o3[j] + a30 * x0 + a31 * x1 + a32 * x2 + a33 * x3
+    for p in range(k4, k):
+        b_p = b[p]
+        for r in range(i, i + 4):
+            av = a[r, p]
+            o = out[r]
+            for j in range(n):
+                o[j] += av * b_p[j]
+
+
+@_jit
+def matmul_into(a, b, out):  # pragma: no cover
+    """out = a @ b for small products (a [m, k] any strides, b [k, n] and out [m, n]
+    C-contiguous), deterministic: each element of out is accumulated over k in order
+    ((((o + a0 b0) + a1 b1) + ...), bitwise the results of one k at a time), vectorised along
+    n. Rows go in blocks of four (:func:`_four_rows`), the last block ending at row m (it
+    recomputes up to three rows of the one before, to the same bits), fewer than four rows
+    row by row (docs/performance.md#kernel-measurements).
+    """
+    m = a.shape[0]
+    if m < 4:
+        _rows_product(a, b, out, 0, m)
+        return
+    for i in range(0, m - 3, 4):
+        _four_rows(a, b, out, i)
+    if m % 4:
+        _four_rows(a, b, out, m - 4)
 
 
 @_jit
