@@ -63,7 +63,7 @@ def test_plan_environment_variable_parsed(monkeypatch):
         ("split_min=-1", "split_min must be an integer >= 0"),
         ("fwd_rec=mkl", "fwd_rec must be one of"),
         ("big=loop", "big must be one of ('blas', 'onednn')"),
-        ("weight_grad=cols", "weight_grad must be one of ('rows', 'tn', 'nt', 'nt2')"),
+        ("weight_grad=cols", "weight_grad must be one of ('rows', 'tn', 'nt', 'nt2', 'rows2')"),
         ("pair_walks=maybe", "pair_walks must be true or false"),
         ("walk=2", "walk must be true or false"),
     ],

@@ -44,7 +44,8 @@ class Plan:
     big: GEMM method of the input projection, dx and the weight gradient ("blas" or "onednn");
     weight_grad: layout of dW = dG^T [x | h_prev] ("rows": from the rows of [x | h_prev];
     "tn": from its transpose; "nt": from dG transposed; "nt2": as "nt" in two products, one
-    for dW_ih and one for dW_hh); fwd_rec / bwd_rec: method
+    for dW_ih and one for dW_hh; "rows2": as "rows" in two products written into the results,
+    float32 and float64 storage only); fwd_rec / bwd_rec: method
     of the forward's / backward's recurrent product per step (a :meth:`Gemm.fixed` method:
     "blas", "blas_t", "loop", "onednn", "packed"); threads: threads of the step kernels (1: one
     thread); split_min: the smallest step (active rows * H) whose kernel splits over them;
@@ -80,7 +81,7 @@ kernels (the libraries thread their GEMMs as they are told), nothing that could 
 pools spinning against each other. Correct and safe on any machine."""
 
 _FIELDS = {f.name: f.type for f in dataclasses.fields(Plan)}
-WEIGHT_GRAD_LAYOUTS = ("rows", "tn", "nt", "nt2")
+WEIGHT_GRAD_LAYOUTS = ("rows", "tn", "nt", "nt2", "rows2")
 
 _forced: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "lstmgrad_forced_plan", default=None
@@ -325,6 +326,8 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     cd = compute_dtype(dtype)
     big = plan.big if plan.big in gemm.product_methods(cd) else "blas"
     layout = plan.weight_grad if plan.weight_grad in WEIGHT_GRAD_LAYOUTS else "rows"
+    if layout == "rows2" and cd != np.dtype(dtype):  # float16 results need a rounding copy
+        layout = "rows"
 
     def allowed(n: int) -> int:  # never more than the library itself is allowed
         return min(n, parallel_threads(), gemm.threads()) if n > 1 else 1

@@ -98,6 +98,8 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     w_ih = _rand(rng, (g, i), cd)
     proj, dx, dw = np.empty((n, g), cd), np.empty((n, i), cd), np.empty((g, i + h), cd)
     xht, dgt = np.empty((i + h, n), cd), np.empty((g, n), cd)
+    x_cols, h_cols = xh[:, :i], xh[:, i:]  # "rows2": the two products from xh's columns
+    dw_ih, dw_hh = np.empty((g, i), cd), np.empty((g, h), cd)  # the results
 
     # the transposing copy on one thread, or split over the threads Numba's pool has, each
     # timed with the library's product that follows it in the engine: the pool's threads spin
@@ -116,22 +118,34 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     conversions = _conversion_times(gemm, n, h, cd, tt)
 
     def weight_grad(layout: str, method: str) -> Callable[[], Any]:
+        # each layout as the engine runs it, the copy of one [4H, I + H] result into dW_ih
+        # and dW_hh included
+        def split(result: np.ndarray) -> None:
+            np.copyto(dw_ih, result[:, :i])
+            np.copyto(dw_hh, result[:, i:])
+
         def rows() -> Any:
-            return gemm.product(dg.T, xh, dw, method)
+            split(gemm.product(dg.T, xh, dw, method))
 
         def tn() -> Any:
             transpose_cols(xh.reshape(-1), i + h, n, 0, i + h, xht.reshape(-1), tt)
-            return gemm.tn(dg, xht, method)
+            split(gemm.tn(dg, xht, method))
 
         def nt() -> Any:
             transpose_cols(dg.reshape(-1), g, n, 0, g, dgt.reshape(-1), tt)
-            return gemm.nt(dgt, xh, method)
+            split(gemm.nt(dgt, xh, method))
 
         def nt2() -> Any:
             transpose_cols(dg.reshape(-1), g, n, 0, g, dgt.reshape(-1), tt)
             return gemm.nt(dgt, x, method), gemm.nt(dgt, hp, method)
 
-        return {"rows": rows, "tn": tn, "nt": nt, "nt2": nt2}[layout]
+        def rows2() -> Any:
+            for cols, result in ((x_cols, dw_ih), (h_cols, dw_hh)):
+                product = gemm.product(dg.T, cols, result, method)
+                if product is not result:
+                    np.copyto(result, product)
+
+        return {"rows": rows, "tn": tn, "nt": nt, "nt2": nt2, "rows2": rows2}[layout]
 
     # the method of the projection and dx first, then the layouts of dW with it
     products: dict[str, float] = {}

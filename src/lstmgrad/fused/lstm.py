@@ -146,7 +146,7 @@ def backward_workspace_slots(
     each direction's dx; dy [T, B, D*H] the gradient of the layer's output; acts [7, T, B, H] the
     saved activations in cd (float16 storage only); xht [max(I, D*H) + H, N] xh transposed,
     where the weight gradient's layout is "tn"; dgt [4H, N] dg transposed, where it is "nt" or
-    "nt2".
+    "nt2" (no dw where it is "rows2" or "nt2": their products write the results themselves).
     P = 2 where the two directions walk at once, else 1.
     """
     plan = plan or plan_for(dims, dtype, gemm)
@@ -370,8 +370,9 @@ def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.
 
 def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _Direction,
                   xh: np.ndarray, hp: np.ndarray, bufs: dict, dparams: list) -> None:  # fmt: skip
-    """dW_ih and dW_hh (one [4H, I_l + H] GEMM, or two in the "nt2" layout, where xh holds x
-    alone and hp h_prev) and the biases of one direction."""
+    """dW_ih and dW_hh (one [4H, I_l + H] GEMM; two in the "nt2" layout, where xh holds x
+    alone and hp h_prev, and in the "rows2" layout, each into its result) and the biases of one
+    direction."""
     dims, dtype, layout = call.dims, call.dtype, plan.weight_grad
     width, n_rows = dims.layer_input_size(layer), dr.dg.shape[0]
     i_ih, i_hh = dims.index(layer, dr.k % dims.D, W_IH), dims.index(layer, dr.k % dims.D, W_HH)
@@ -383,6 +384,11 @@ def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _D
     if layout == "nt2":  # the two GEMMs' own results, rounded where float16
         dparams[i_ih] = half.converted(gemm.nt(dgt, xh, plan.big), dtype, cv)
         dparams[i_hh] = half.converted(gemm.nt(dgt, hp, plan.big), dtype, cv)
+    elif layout == "rows2":  # float32/float64 storage: the results in the compute dtype
+        for cols, index in ((xh[:, :width], i_ih), (xh[:, width:], i_hh)):
+            result = gemm.product(dr.dg.T, cols, dparams[index], plan.big)
+            if result is not dparams[index]:  # the library's own result
+                np.copyto(dparams[index], result)
     else:
         if layout == "nt":
             dw = gemm.nt(dgt, xh, plan.big)
