@@ -300,10 +300,13 @@ def backward_step(dy, has_dy, dh, dc, s_i, s_g, s_f, s_o, s_tc, c_prev, dg, n): 
 
 
 @_jit
-def gather_prev(s_h, s_c, h0, c0, ns, offsets, order, hp, hp_col, cp):  # pragma: no cover
+def gather_prev(  # pragma: no cover
+    s_h, s_c, h0, c0, ns, offsets, order, hp, hp_col, cp, with_h, with_c
+):
     """Packed previous states (docs/math.md B1): for each step in the forward's ``order``, rows
     < n_t get the saved state of their previous active step (h0/c0 if none) into hp[:, hp_col:]
-    and cp. Saved states are read only at active positions, so padding never leaks in.
+    (where ``with_h``) and cp (where ``with_c``). Saved states are read only at active
+    positions, so padding never leaks in.
     """
     rows, hid = h0.shape
     last = np.full(rows, -1, dtype=np.int64)  # each row's previous active step
@@ -313,11 +316,15 @@ def gather_prev(s_h, s_c, h0, c0, ns, offsets, order, hp, hp_col, cp):  # pragma
         for r in range(ns[t]):
             p = last[r]
             if p < 0:
-                _copy(hp[off + r, hp_col : hp_col + hid], h0[r])
-                _copy(cp[off + r], c0[r])
+                if with_h:
+                    _copy(hp[off + r, hp_col : hp_col + hid], h0[r])
+                if with_c:
+                    _copy(cp[off + r], c0[r])
             else:
-                _copy(hp[off + r, hp_col : hp_col + hid], s_h[p, r])
-                _copy(cp[off + r], s_c[p, r])
+                if with_h:
+                    _copy(hp[off + r, hp_col : hp_col + hid], s_h[p, r])
+                if with_c:
+                    _copy(cp[off + r], s_c[p, r])
             last[r] = t
 
 

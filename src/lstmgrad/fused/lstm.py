@@ -307,13 +307,14 @@ def lstm_forward(
 
 
 def _gather(call: BackwardCall, st: _Steps, k: int, acts: tuple, hp: np.ndarray, hp_col: int,
-            cp: np.ndarray) -> None:  # fmt: skip
+            cp: np.ndarray, with_h: bool = True, with_c: bool = True) -> None:  # fmt: skip
     """The packed previous states of (layer, direction) k (docs/math.md B1): h_prev into
-    hp[:, hp_col:], c_prev into cp (kernels.gather_prev)."""
+    hp[:, hp_col:] (where ``with_h``), c_prev into cp (where ``with_c``;
+    kernels.gather_prev)."""
     cd = cp.dtype
     kernels.gather_prev(
         acts[4], acts[5], _c(call.h0[k], cd), _c(call.c0[k], cd), st.ns, st.offsets,
-        st.orders[k % call.dims.D], hp, hp_col, cp,
+        st.orders[k % call.dims.D], hp, hp_col, cp, with_h, with_c,
     )  # fmt: skip
 
 
@@ -490,8 +491,8 @@ def lstm_backward(
                                    dh_buf[p], dc_buf[p]))  # fmt: skip
         if plan.pair_walks:  # both directions' walks at once (fused.walks)
             pair = []
-            for dr in dirs:
-                _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp)
+            for dr in dirs:  # c_prev for the walks; each direction's h_prev after them
+                _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp, with_h=False)
                 _initial_grads(call, dr.k, dr.dh, dr.dc)
                 w_hh = _c(call.params[dims.index(layer, dr.k % 2, W_HH)], cd, cv)  # [4H, H]
                 pair.append(_backward_walk(dr, w_hh, st, 2))
@@ -503,12 +504,12 @@ def lstm_backward(
                 if cd != dtype:
                     for n_, s in enumerate(call.saved):
                         half.assign(acts_buf[n_], s[dr.k], cv)
-                _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp)
+                _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp, with_h=need_dw)
                 _initial_grads(call, dr.k, dr.dh, dr.dc)
                 w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd, cv)  # [4H, H]
                 _walk_back(call, plan, gemm, st, w_hh, dr, dy is not None)
-            elif need_dw:  # this direction's h_prev again: the directions share hp
-                _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp)
+            elif need_dw:  # this direction's h_prev (the directions share hp)
+                _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp, with_c=False)
             if need_dw and layout == "tn":
                 walks.transpose_cols(xh_flat, width + hidden, n_rows, width, width + hidden,
                                      xht_flat, plan.transpose_threads)  # fmt: skip
