@@ -357,11 +357,14 @@ def test_transposes_match_numpy(rows, cols, dtype):
 
 
 @pytest.mark.parametrize(
-    "m,k,n", [(1, 1, 1), (3, 7, 5), (7, 8, 200), (5, 17, 33), (4, 64, 16), (2, 0, 3)]
+    "m,k,n",
+    [(1, 1, 1), (3, 7, 5), (7, 8, 200), (5, 17, 33), (4, 64, 16), (2, 0, 3), (13, 9, 70)],
 )
 def test_matmul_into_is_the_product_accumulated_in_order(m, k, n):
     """kernels.matmul_into (the walks' recurrent product) against float64 NumPy, for k below,
-    at and off its block of eight, and the same bits whatever a's strides."""
+    at and off its blocks of four, rows below four, in whole blocks of four and with a last
+    block overlapping the one before; the same bits whatever a's strides, and as one row at
+    a time."""
     from lstmgrad.fused import kernels
 
     rng = np.random.default_rng(m * 100 + k * 10 + n)
@@ -375,3 +378,7 @@ def test_matmul_into_is_the_product_accumulated_in_order(m, k, n):
     again = np.empty_like(out)
     kernels.matmul_into(strided, b, again)
     assert np.array_equal(again, out)
+    for r in range(m):  # a row's bits do not depend on the rows computed beside it
+        row = np.empty((1, n), dtype=np.float32)
+        kernels.matmul_into(a[r : r + 1], b, row)
+        assert np.array_equal(row[0], out[r])
