@@ -198,13 +198,20 @@ def test_calibration_stored_and_reused(store, monkeypatch):
 
 
 def test_recurrent_method_follows_the_sequence_length():
-    times = {"blas": [0.0, 2e-6], "packed": [1e-3, 1e-6]}  # packing pays after 1000 steps
+    # packing pays after 1000 steps with its copy on two threads, after 3000 on one
+    times = {"blas": {"prep": {"1": 0.0, "2": 0.0}, "call": 2e-6},
+             "packed": {"prep": {"1": 3e-3, "2": 1e-3}, "call": 1e-6}}  # fmt: skip
     assert tune.choose_recurrent(times, 10) == "blas"
     assert tune.choose_recurrent(times, 5000) == "packed"
+    assert tune.choose_recurrent(times, 2000, threads=2) == "packed"
+    assert tune.choose_recurrent(times, 2000, threads=1) == "blas"
+    assert tune.choose_recurrent(times, 2000, threads=4) == "blas"  # unmeasured: the slowest
     entry = {"plan": {"threads": 1, "split_min": 0, "pair_walks": False},
              "recurrent": {"fwd": times, "bwd": times}}  # fmt: skip
     assert tune.step_fields(entry, 5000)["fwd_rec"] == "packed"
     assert tune.step_fields(entry, 3)["bwd_rec"] == "blas"
+    assert tune.step_fields(entry, 2000, 2)["bwd_rec"] == "packed"
+    assert tune.step_fields(entry, 2000, 1)["bwd_rec"] == "blas"
 
 
 def test_measured_on_a_busy_machine_kept_for_this_process_only(store, monkeypatch):

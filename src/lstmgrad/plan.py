@@ -262,7 +262,7 @@ def cache_dir() -> Path:
     return _cache_dir(_cache_env())
 
 
-WISDOM_FORMAT = 7
+WISDOM_FORMAT = 8
 """The version of what a measurement holds: a store written with other candidates (an older
 lstmgrad) is measured again rather than read."""
 
@@ -306,10 +306,13 @@ def _measured(dims: Dims, dtype: np.dtype, gemm: Any, measure: bool) -> Plan:
                     entry = run(cls, gemm)
                     # measured while other processes held the CPUs: this process only
                     store.put(cls, entry, keep=not (busy or machine_busy()))
-        if entry is not None:
-            fields.update(
-                tune.step_fields(entry, dims.T) if cls["what"] == "steps" else entry["plan"]
-            )
+        if entry is not None:  # the big products' entry first: its transpose_threads
+            # price the recurrent weight's preparation
+            if cls["what"] == "steps":
+                tt = fields.get("transpose_threads", SAFE.transpose_threads)
+                fields.update(tune.step_fields(entry, dims.T, tt))
+            else:
+                fields.update(entry["plan"])
     return dataclasses.replace(SAFE, **fields)
 
 

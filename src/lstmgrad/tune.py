@@ -215,34 +215,43 @@ def _conversion_times(gemm: Any, n: int, h: int, cd: np.dtype, threads: int) -> 
 
 
 def _recurrent_times(
-    gemm: Any, b_mat: np.ndarray, rows: int, cd: np.dtype, threads: int
-) -> dict[str, list]:
-    """[preparation s, per-call s] of each fixed-product method for a [rows, K] x b_mat, the
-    preparation's transposing copy on ``threads`` threads (as the engine runs it)."""
+    gemm: Any, b_mat: np.ndarray, rows: int, cd: np.dtype, thread_counts: list[int]
+) -> dict[str, dict[str, Any]]:
+    """Per fixed-product method for a [rows, K] x b_mat: "prep", the seconds of its preparation
+    with its transposing copy on each of ``thread_counts`` threads (keyed by the count, as
+    text), and "call", the seconds of one product."""
     rng = np.random.default_rng(1)
     a = _rand(rng, (rows, b_mat.shape[0]), cd)
     out = np.empty((rows, b_mat.shape[1]), cd)
-    times: dict[str, list] = {}
+    times: dict[str, dict[str, Any]] = {}
     best = float("inf")
     for method in gemm.fixed_methods(cd):
-        gemm.fixed(b_mat, method, rows, threads)(a, out)  # compiles / loads what it needs
-        prep = float("inf")
-        for _ in range(3):  # the least of a few: a page fault or another process only adds
-            t0 = time.perf_counter()
-            product = gemm.fixed(b_mat, method, rows, threads)
-            prep = min(prep, time.perf_counter() - t0)
+        gemm.fixed(b_mat, method, rows, thread_counts[0])(a, out)  # compiles / loads
+        prep: dict[str, float] = {}
+        for threads in thread_counts:
+            prep[str(threads)] = float("inf")
+            for _ in range(3):  # the least of a few: a page fault or another process only adds
+                t0 = time.perf_counter()
+                product = gemm.fixed(b_mat, method, rows, threads)
+                prep[str(threads)] = min(prep[str(threads)], time.perf_counter() - t0)
         run = functools.partial(product, a, out)
         call = _timed(run, 2, limit=3 * best)
         if call < float("inf"):
             call = min(call, _timed(run, _reps(call), warm=False))
-        times[method] = [prep, call]
+        times[method] = {"prep": prep, "call": call}
         best = min(best, call)
     return times
 
 
-def choose_recurrent(times: dict[str, list], steps: int) -> str:
-    """The method with the least preparation + ``steps`` calls."""
-    return min(times, key=lambda m: times[m][0] + steps * times[m][1])
+def choose_recurrent(times: dict[str, dict[str, Any]], steps: int, threads: int = 1) -> str:
+    """The method with the least preparation (its transposing copy on ``threads`` threads; the
+    slowest measured count where that one was not) + ``steps`` calls."""
+
+    def cost(method: str) -> float:
+        prep = times[method]["prep"]
+        return prep.get(str(threads), max(prep.values())) + steps * times[method]["call"]
+
+    return min(times, key=cost)
 
 
 def _split_min(b: int, h: int, cd: np.dtype, parts: int) -> int:
@@ -343,10 +352,12 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     rng = np.random.default_rng(4)
     w_hh = _rand(rng, (4 * h, h), cd)
     threads = parallel_threads() if pairs_available() else 1
-    # a preparation's transposing copy on the threads the big products' copies get at most
+    # a preparation's transposing copy on each thread count the big products' copies may get
+    # (the plan prices it with theirs); the passes below run it on one (the safe plan's)
+    counts = sorted({1, threads})
     rec = {
-        "fwd": _recurrent_times(gemm, w_hh.T, b, cd, threads),  # the view the engine passes
-        "bwd": _recurrent_times(gemm, w_hh, b, cd, threads),
+        "fwd": _recurrent_times(gemm, w_hh.T, b, cd, counts),  # the view the engine passes
+        "bwd": _recurrent_times(gemm, w_hh, b, cd, counts),
     }
     fields = {
         "fwd_rec": choose_recurrent(rec["fwd"], _STEPS),
@@ -369,7 +380,7 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
         # the step loops are what the candidates change: a narrow input keeps the big products
         # from dominating (but as in a model: a 16-wide one misjudged small-2), and a short
         # run bounds the time of slow steps
-        step = rec["fwd"][fields["fwd_rec"]][1] + rec["bwd"][fields["bwd_rec"]][1]
+        step = rec["fwd"][fields["fwd_rec"]]["call"] + rec["bwd"][fields["bwd_rec"]]["call"]
         steps = max(3, min(_STEPS, int(_PASS_SECONDS / max(step, 1e-9))))
         shape = {"T": steps, "B": b, "I": min(h, _PASS_INPUT), "H": h, "D": d, "dtype": str(cd)}
         seconds = _pass_times(shape, cls["kind"], candidates)
@@ -388,13 +399,14 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     }
 
 
-def step_fields(entry: dict[str, Any], steps: int) -> dict[str, Any]:
-    """The plan fields of a step-loop entry for a call of ``steps`` steps."""
+def step_fields(entry: dict[str, Any], steps: int, threads: int = 1) -> dict[str, Any]:
+    """The plan fields of a step-loop entry for a call of ``steps`` steps whose transposing
+    copies run on ``threads`` threads (the plan's transpose_threads)."""
     fields = dict(entry["plan"])
     rec = entry.get("recurrent", {})
     if rec:
-        fields["fwd_rec"] = choose_recurrent(rec["fwd"], steps)
-        fields["bwd_rec"] = choose_recurrent(rec["bwd"], steps)
+        fields["fwd_rec"] = choose_recurrent(rec["fwd"], steps, threads)
+        fields["bwd_rec"] = choose_recurrent(rec["bwd"], steps, threads)
     return fields
 
 
