@@ -110,6 +110,13 @@ def prepared(kind: str, b: np.ndarray, method: str, rows: int,
     return product
 
 
+def product_into(gemm: Gemm, a: np.ndarray, b: np.ndarray, out: np.ndarray, method: str) -> None:
+    """out = a @ b by ``gemm.product``, copied in where the method returns its own result."""
+    result = gemm.product(a, b, out, method)
+    if result is not out:
+        np.copyto(out, result)
+
+
 def dense(a: np.ndarray, threads: int = 1) -> np.ndarray:
     """``a`` (2-D) C-contiguous: itself where it is; a transposing copy on ``threads`` threads
     (fused.walks) where it is the transposed view of a C-contiguous float array; else

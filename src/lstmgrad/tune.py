@@ -87,6 +87,7 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     N rows, input size I and hidden H, and of the layouts' transposing copy per thread count;
     the entry's plan: the fastest method, layout and thread count."""
     from .fused.walks import pairs_available, parallel_threads, transpose_cols
+    from .gemm import product_into
 
     cd = np.dtype(cls["dtype"])
     n, i, h = cls["N"], cls["I"], cls["H"]
@@ -139,11 +140,9 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
             transpose_cols(dg.reshape(-1), g, n, 0, g, dgt.reshape(-1), tt)
             return gemm.nt(dgt, x, method), gemm.nt(dgt, hp, method)
 
-        def rows2() -> Any:
-            for cols, result in ((x_cols, dw_ih), (h_cols, dw_hh)):
-                product = gemm.product(dg.T, cols, result, method)
-                if product is not result:
-                    np.copyto(result, product)
+        def rows2() -> None:
+            product_into(gemm, dg.T, x_cols, dw_ih, method)
+            product_into(gemm, dg.T, h_cols, dw_hh, method)
 
         return {"rows": rows, "tn": tn, "nt": nt, "nt2": nt2, "rows2": rows2}[layout]
 

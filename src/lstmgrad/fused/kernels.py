@@ -45,36 +45,35 @@ def _copy(dst, src):  # pragma: no cover
 
 
 @_jit
-def _rows_product(a, b, out, i, rows):  # pragma: no cover
-    """out[i : i + rows] = a[i : i + rows] @ b, four rows of b at a time applied to each row
-    (each element accumulated over k in order: (((o + a0 b0) + a1 b1) + ...), vectorised
-    along n."""
+def _row_by_row(a, b, out):  # pragma: no cover
+    """out = a @ b one row of out at a time, four rows of b at a time applied to it (each
+    element accumulated over k in order: (((o + a0 b0) + a1 b1) + ...), vectorised along n."""
     m, k = a.shape
     n = b.shape[1]
     k4 = k - k % 4
-    for r in range(i, i + rows):
-        o = out[r]
+    for i in range(m):
+        o = out[i]
         for j in range(n):
             o[j] = 0.0
     for p in range(0, k4, 4):
         b0, b1, b2, b3 = b[p], b[p + 1], b[p + 2], b[p + 3]
-        for r in range(i, i + rows):
-            a0, a1, a2, a3 = a[r, p], a[r, p + 1], a[r, p + 2], a[r, p + 3]
-            o = out[r]
+        for i in range(m):
+            a0, a1, a2, a3 = a[i, p], a[i, p + 1], a[i, p + 2], a[i, p + 3]
+            o = out[i]
             for j in range(n):
                 o[j] = o[j] + a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j]
     for p in range(k4, k):
         b_p = b[p]
-        for r in range(i, i + rows):
-            av = a[r, p]
-            o = out[r]
+        for i in range(m):
+            av = a[i, p]
+            o = out[i]
             for j in range(n):
                 o[j] += av * b_p[j]
 
 
 @_jit
 def _four_rows(a, b, out, i):  # pragma: no cover
-    """:func:`_rows_product` of rows i .. i + 3 in one pass over b: each load of b serves four
+    """:func:`_row_by_row` of rows i .. i + 3 in one pass over b: each load of b serves four
     rows of out (the same additions in the same order)."""
     k = a.shape[1]
     n = b.shape[1]
@@ -117,7 +116,7 @@ def matmul_into(a, b, out):  # pragma: no cover
     """
     m = a.shape[0]
     if m < 4:
-        _rows_product(a, b, out, 0, m)
+        _row_by_row(a, b, out)
         return
     for i in range(0, m - 3, 4):
         _four_rows(a, b, out, i)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..contract import BackwardCall, ForwardCall, LstmSaved
-from ..gemm import NUMPY_GEMM, Gemm
+from ..gemm import NUMPY_GEMM, Gemm, product_into
 from ..layout import B_HH, B_IH, W_HH, W_IH, Dims
 from ..plan import Plan, compute_dtype, plan_for
 from ..workspace import Arena, Slot, block
@@ -386,10 +386,8 @@ def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _D
         dparams[i_ih] = half.converted(gemm.nt(dgt, xh, plan.big), dtype, cv)
         dparams[i_hh] = half.converted(gemm.nt(dgt, hp, plan.big), dtype, cv)
     elif layout == "rows2":  # float32/float64 storage: the results in the compute dtype
-        for cols, index in ((xh[:, :width], i_ih), (xh[:, width:], i_hh)):
-            result = gemm.product(dr.dg.T, cols, dparams[index], plan.big)
-            if result is not dparams[index]:  # the library's own result
-                np.copyto(dparams[index], result)
+        product_into(gemm, dr.dg.T, xh[:, :width], dparams[i_ih], plan.big)
+        product_into(gemm, dr.dg.T, xh[:, width:], dparams[i_hh], plan.big)
     else:
         if layout == "nt":
             dw = gemm.nt(dgt, xh, plan.big)
