@@ -303,6 +303,24 @@ def test_numpy_results_under_every_plan_field(fields, dtype):
         np.testing.assert_allclose(g, w, rtol=tol, atol=tol * scale)
 
 
+@pytest.mark.parametrize("layout", plan.WEIGHT_GRAD_LAYOUTS)
+def test_numpy_float16_storage_under_every_weight_gradient_layout(layout):
+    """float16 storage computes in float32 and rounds its results: every layout of the weight
+    gradient ("rows2" through float32 scratch) gives float16 results within float16's rounding
+    of the reference's, the same as the default plan's within one rounding."""
+    x, hx, params, dy, kw = _case(np.float16, d=2)
+    fw = lstmgrad.lstm_forward(x, params, hx, **kw)
+    args = (x, hx, params, dy, None, None, *fw.saved[:7])
+    with forced(weight_grad=layout):
+        got = lstmgrad.lstm_backward(*args, **kw)
+    ref = lstmgrad.lstm_backward(*args, impl="reference", **kw)
+    for g, w in zip(got.dparams, ref.dparams, strict=True):
+        assert g.dtype == np.float16
+        scale = max(float(np.abs(w.astype(np.float32)).max()), 1.0)
+        np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=4e-3,
+                                   atol=4e-3 * scale)  # fmt: skip
+
+
 # --------------------------------------------------------------------------------------------
 # lstmgrad tune
 

@@ -45,7 +45,7 @@ class Plan:
     weight_grad: layout of dW = dG^T [x | h_prev] ("rows": from the rows of [x | h_prev];
     "tn": from its transpose; "nt": from dG transposed; "nt2": as "nt" in two products, one
     for dW_ih and one for dW_hh; "rows2": as "rows" in two products written into the results,
-    float32 and float64 storage only); fwd_rec / bwd_rec: method
+    through float32 scratch where float16 results are rounded from it); fwd_rec / bwd_rec: method
     of the forward's / backward's recurrent product per step (a :meth:`Gemm.fixed` method:
     "blas", "blas_t", "loop", "onednn", "packed"); threads: threads of the step kernels (1: one
     thread); split_min: the smallest step (active rows * H) whose kernel splits over them;
@@ -329,8 +329,6 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     cd = compute_dtype(dtype)
     big = plan.big if plan.big in gemm.product_methods(cd) else "blas"
     layout = plan.weight_grad if plan.weight_grad in WEIGHT_GRAD_LAYOUTS else "rows"
-    if layout == "rows2" and cd != np.dtype(dtype):  # float16 results need a rounding copy
-        layout = "rows"
 
     def allowed(n: int) -> int:  # never more than the library itself is allowed
         return min(n, parallel_threads(), gemm.threads()) if n > 1 else 1

@@ -160,7 +160,10 @@ def backward_workspace_slots(
         ((n, width + h), cd),
         ((p, n, 4 * h), cd),
         ((p, n, h), cd),
-        ((4 * h, width + h) if layout == "rows" else (0,), cd),
+        (
+            (4 * h, width + h) if layout == "rows" or (layout == "rows2" and cd != dtype) else (0,),
+            cd,
+        ),
         ((p, b, h), cd),
         ((p, b, h), cd),
         ((dims.D, n, width), cd),
@@ -385,9 +388,18 @@ def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _D
     if layout == "nt2":  # the two GEMMs' own results, rounded where float16
         dparams[i_ih] = half.converted(gemm.nt(dgt, xh, plan.big), dtype, cv)
         dparams[i_hh] = half.converted(gemm.nt(dgt, hp, plan.big), dtype, cv)
-    elif layout == "rows2":  # float32/float64 storage: the results in the compute dtype
+    elif layout == "rows2" and dtype == xh.dtype:  # results in the compute dtype: written in
         product_into(gemm, dr.dg.T, xh[:, :width], dparams[i_ih], plan.big)
         product_into(gemm, dr.dg.T, xh[:, width:], dparams[i_hh], plan.big)
+    elif layout == "rows2":  # float16 results: each product into scratch, then rounded
+        size = dims.G * width
+        flat = bufs["dw"].reshape(-1)
+        dw_ih = flat[:size].reshape(dims.G, width)
+        dw_hh = flat[size : size + dims.G * dims.H].reshape(dims.G, dims.H)
+        product_into(gemm, dr.dg.T, xh[:, :width], dw_ih, plan.big)
+        product_into(gemm, dr.dg.T, xh[:, width:], dw_hh, plan.big)
+        half.assign(dparams[i_ih], dw_ih, cv)
+        half.assign(dparams[i_hh], dw_hh, cv)
     else:
         if layout == "nt":
             dw = gemm.nt(dgt, xh, plan.big)
