@@ -222,8 +222,9 @@ class TorchGemm:
         torch.mm(torch.from_numpy(a), torch.from_numpy(b), out=torch.from_numpy(out))
 
     def _linear(self, a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
-        """a @ b as oneDNN's own new result, or None where an operand is not dense."""
-        if not (_is_dense(a) and _is_dense(b)):
+        """a @ b as oneDNN's own new result, or None where b is not dense or a not C-contiguous
+        (oneDNN copies a transposed a first; torch.mm reads it in place)."""
+        if not (a.flags.c_contiguous and _is_dense(b)):
             return None
         ta, tb = self._torch.from_numpy(a), self._torch.from_numpy(b)
         # a @ b = linear(a, weight=b^T)

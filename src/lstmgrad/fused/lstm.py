@@ -46,6 +46,8 @@ class _Steps:
         self.offsets = np.zeros(dims.T, dtype=np.int64)
         np.cumsum(self.ns[:-1], out=self.offsets[1:])
         self.total = int(self.ns.sum())
+        # every step has all B rows: packed rows are the [T, B] rows themselves
+        self.dense = self.total == dims.T * dims.B
         self.orders = [
             np.arange(dims.T, dtype=np.int64),
             np.arange(dims.T - 1, -1, -1, dtype=np.int64),
@@ -250,12 +252,21 @@ def lstm_forward(
     for layer in range(dims.L):
         width = dims.layer_input_size(layer)
         xp = _dense(xp_buf, n_rows, width)  # [N, I_l]
+        # dense steps: the input's [T, B] rows are its packed rows (no copy where C-contiguous)
         if layer == 0:
-            kernels.pack_rows(_in(call.x, cd, cv), st.ns, st.offsets, xp, 0)
+            x_in = _in(call.x, cd, cv)
+            if st.dense and x_in.flags.c_contiguous:
+                xp = x_in.reshape(n_rows, width)
+            else:
+                kernels.pack_rows(x_in, st.ns, st.offsets, xp, 0)
+        elif st.dense and masks is None and cd == dtype and dims.D == 1:
+            xp = y.reshape(n_rows, width)  # projected before the walk overwrites it
         else:
             np.copyto(layer_in, y)  # the layer below's rounded output
             if masks is not None:
                 kernels.pack_rows_scaled(layer_in, masks[layer - 1], st.ns, st.offsets, xp, 0)
+            elif st.dense and cd == dtype:
+                xp = layer_in.reshape(n_rows, width)
             else:
                 kernels.pack_rows(layer_in, st.ns, st.offsets, xp, 0)
         pair: list[walks.ForwardWalk] = []
@@ -340,6 +351,16 @@ class _Direction:
         return s_i, s_g, s_f, s_o, s_tc
 
 
+def _previous_cells(call: BackwardCall, st: _Steps, dr: _Direction) -> list[np.ndarray]:
+    """Dense steps: step t's c_prev [B, H], the saved c of the step before it in the forward's
+    order (c0 for the first), as views indexed by t."""
+    s_c, prev = dr.acts[5], _c(call.c0[dr.k], dr.cp.dtype)
+    out = [prev] * call.dims.T
+    for t in st.orders[dr.k % call.dims.D].tolist():
+        out[t], prev = prev, s_c[t]
+    return out
+
+
 def _backward_walk(
     dr: _Direction, w_hh: np.ndarray, st: _Steps, directions: int
 ) -> walks.BackwardWalk:
@@ -359,12 +380,14 @@ def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.
         walks.backward_walk_of(walk, has_dy, st.ns, st.offsets, call.need[1])
         return
     rec = gemm.fixed(w_hh, plan.bwd_rec, call.dims.B, plan.transpose_threads)  # dG -> dh
+    # dense steps read c_prev where it is saved; otherwise from dr.cp, gathered packed
+    c_prev = _previous_cells(call, st, dr) if st.dense else None
     for step, (t, n, off) in enumerate(st.walks[1 - dr.k % call.dims.D]):
         if not n:
             continue
+        cp = dr.cp[off : off + n] if c_prev is None else c_prev[t]
         _backward_step(plan, hidden, dr.dy[t if has_dy else 0], has_dy, dr.dh, dr.dc,
-                       tuple(a[t] for a in gate_acts), dr.cp[off : off + n],
-                       dr.dg[off : off + n], n)  # fmt: skip
+                       tuple(a[t] for a in gate_acts), cp, dr.dg[off : off + n], n)  # fmt: skip
         if step < t_steps - 1 or call.need[1]:  # the last step's dh only feeds dh_prev
             dh_n = dr.dh[:n]
             product = rec(dr.dg[off : off + n], dh_n)
@@ -373,10 +396,11 @@ def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.
 
 
 def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _Direction,
-                  xh: np.ndarray, hp: np.ndarray, bufs: dict, dparams: list) -> None:  # fmt: skip
-    """dW_ih and dW_hh (one [4H, I_l + H] GEMM; two in the "nt2" layout, where xh holds x
-    alone and hp h_prev, and in the "rows2" layout, each into its result) and the biases of one
-    direction."""
+                  xh: np.ndarray, x_rows: np.ndarray, h_rows: np.ndarray, bufs: dict,
+                  dparams: list) -> None:  # fmt: skip
+    """dW_ih and dW_hh (one [4H, I_l + H] GEMM from xh = [x | h_prev]; two in the "nt2" and
+    "rows2" layouts, from the layer input's rows x_rows and h_prev's h_rows, "rows2" each into
+    its result) and the biases of one direction."""
     dims, dtype, layout = call.dims, call.dtype, plan.weight_grad
     width, n_rows = dims.layer_input_size(layer), dr.dg.shape[0]
     i_ih, i_hh = dims.index(layer, dr.k % dims.D, W_IH), dims.index(layer, dr.k % dims.D, W_HH)
@@ -386,18 +410,18 @@ def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _D
         dgt = _dense(bufs["dgt"], dims.G, n_rows)
     cv = _conversion(plan, gemm)
     if layout == "nt2":  # the two GEMMs' own results, rounded where float16
-        dparams[i_ih] = half.converted(gemm.nt(dgt, xh, plan.big), dtype, cv)
-        dparams[i_hh] = half.converted(gemm.nt(dgt, hp, plan.big), dtype, cv)
+        dparams[i_ih] = half.converted(gemm.nt(dgt, x_rows, plan.big), dtype, cv)
+        dparams[i_hh] = half.converted(gemm.nt(dgt, h_rows, plan.big), dtype, cv)
     elif layout == "rows2" and dtype == xh.dtype:  # results in the compute dtype: written in
-        product_into(gemm, dr.dg.T, xh[:, :width], dparams[i_ih], plan.big)
-        product_into(gemm, dr.dg.T, xh[:, width:], dparams[i_hh], plan.big)
+        product_into(gemm, dr.dg.T, x_rows, dparams[i_ih], plan.big)
+        product_into(gemm, dr.dg.T, h_rows, dparams[i_hh], plan.big)
     elif layout == "rows2":  # float16 results: each product into scratch, then rounded
         size = dims.G * width
         flat = bufs["dw"].reshape(-1)
         dw_ih = flat[:size].reshape(dims.G, width)
         dw_hh = flat[size : size + dims.G * dims.H].reshape(dims.G, dims.H)
-        product_into(gemm, dr.dg.T, xh[:, :width], dw_ih, plan.big)
-        product_into(gemm, dr.dg.T, xh[:, width:], dw_hh, plan.big)
+        product_into(gemm, dr.dg.T, x_rows, dw_ih, plan.big)
+        product_into(gemm, dr.dg.T, h_rows, dw_hh, plan.big)
         half.assign(dparams[i_ih], dw_ih, cv)
         half.assign(dparams[i_hh], dw_hh, cv)
     else:
@@ -413,6 +437,22 @@ def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _D
         db = dr.dg.sum(axis=0)
         dparams[dims.index(layer, dr.k % dims.D, B_IH)][...] = db
         dparams[dims.index(layer, dr.k % dims.D, B_HH)][...] = db
+
+
+def _layer_input_rows(call: BackwardCall, st: _Steps, layer: int, masks: list | None,
+                      cd: np.dtype, how: half.Conversion) -> np.ndarray | None:  # fmt: skip
+    """The layer's input as dense [T*B, I_l] rows with no packing, where the steps are dense and
+    it is one C-contiguous array already (x, or the one direction below without dropout);
+    else None."""
+    if not st.dense:
+        return None
+    if layer == 0:
+        a = _in(call.x, cd, how)
+    elif call.dims.D == 1 and masks is None:
+        a = _c(call.saved[4][layer - 1], cd, how)
+    else:
+        return None
+    return a.reshape(st.total, -1) if a.flags.c_contiguous else None
 
 
 def _pack_layer_input(call: BackwardCall, st: _Steps, layer: int, masks: list | None,
@@ -480,12 +520,19 @@ def lstm_backward(
         # [x | h_prev] rows in xh; "nt2": x [N, I_l] then h_prev [N, H], each dense
         xh = _dense(xh_buf, n_rows, width + hidden)
         hp, hp_col = xh, width
-        if layout == "nt2":
+        if layout in ("nt2", "rows2"):  # x [N, I_l] then h_prev [N, H], each dense
             xh = _dense(xh_buf, n_rows, width)
             hp = xh_flat[n_rows * width : n_rows * (width + hidden)].reshape(n_rows, hidden)
             hp_col = 0
+        x_rows, h_rows = xh[:, :width], hp[:, hp_col : hp_col + hidden]
         if need_dw:
-            _pack_layer_input(call, st, layer, masks, xh, cv)
+            direct = None
+            if layout in ("nt2", "rows2"):
+                direct = _layer_input_rows(call, st, layer, masks, cd, cv)
+            if direct is not None:
+                x_rows = direct
+            else:
+                _pack_layer_input(call, st, layer, masks, xh, cv)
             if layout == "tn":  # and transposed
                 walks.transpose_cols(xh_flat, width + hidden, n_rows, 0, width, xht_flat,
                                      plan.transpose_threads)  # fmt: skip
@@ -508,13 +555,20 @@ def lstm_backward(
                 pair.append(_backward_walk(dr, w_hh, st, 2))
             walks.backward_walk_pair(pair[0], pair[1], dy is not None, st.ns, st.offsets, need_dh)
         dx_parts: list[np.ndarray] = []
+        # dense steps: dx's rows are the [T, B] rows of the layer below's dy (or of the result)
+        dx_rows = None
+        if want_dx and st.dense:
+            dest = dy_buf if layer > 0 else (outs[0] if cd == dtype else None)
+            dx_rows = None if dest is None else dest.reshape(n_rows, width)
         for dr in dirs:
             d = dr.k % dims.D
             if not plan.pair_walks:
                 if cd != dtype:
                     for n_, s in enumerate(call.saved):
                         half.assign(acts_buf[n_], s[dr.k], cv)
-                _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp, with_h=need_dw)
+                c_packed = plan.walk or not st.dense  # else _walk_back reads c_prev in place
+                if need_dw or c_packed:
+                    _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp, need_dw, c_packed)
                 _initial_grads(call, dr.k, dr.dh, dr.dc)
                 w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd, cv)  # [4H, H]
                 _walk_back(call, plan, gemm, st, w_hh, dr, dy is not None)
@@ -530,27 +584,38 @@ def lstm_backward(
             if want_dx:
                 w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd, cv)  # [4H, I_l]
                 dx_dense = _dense(dx_buf[d], n_rows, width)
+                if dx_rows is not None and dims.D == 1:  # the result's own rows
+                    dx_dense = dx_rows
                 dx_parts.append(gemm.product(dr.dg, w_ih, dx_dense, plan.big))  # [N, I_l]
             if dparams is not None:
-                _weight_grads(call, plan, gemm, layer, dr, xh, hp, bufs, dparams)
+                _weight_grads(call, plan, gemm, layer, dr, xh, x_rows, h_rows, bufs, dparams)
         if want_dx:
             # each direction's dx rounded to the storage dtype, summed in it (docs/math.md)
             total = _rounded(dx_parts[0], dtype, tt)
             if dims.D == 2:
-                np.add(total, _rounded(dx_parts[1], dtype, tt), out=total)
-                _rounded(total, dtype, tt)
+                into = total if dx_rows is None else dx_rows
+                np.add(total, _rounded(dx_parts[1], dtype, tt), out=into)
+                total = _rounded(into, dtype, tt)
+            elif dx_rows is not None and total is not dx_rows:  # the library's own result
+                np.copyto(dx_rows, total)
+                total = dx_rows
             if layer > 0:
                 dy = dy_buf
-                kernels.unpack_rows(total, st.ns, st.offsets, dy)
+                if total is not dx_rows:
+                    kernels.unpack_rows(total, st.ns, st.offsets, dy)
                 if masks is not None:
                     np.multiply(dy, masks[layer - 1], out=dy)
                     _rounded(dy, dtype, tt)
             elif cd == dtype:
                 dx_out = outs[0]
-                kernels.unpack_rows(total, st.ns, st.offsets, dx_out)
+                if total is not dx_rows:
+                    kernels.unpack_rows(total, st.ns, st.offsets, dx_out)
             else:
-                dx_cd = np.empty((t_steps, batch, dims.I), dtype=cd)
-                kernels.unpack_rows(total, st.ns, st.offsets, dx_cd)
                 dx_out = outs[0]
+                if st.dense:
+                    dx_cd = total.reshape(t_steps, batch, dims.I)
+                else:
+                    dx_cd = np.empty((t_steps, batch, dims.I), dtype=cd)
+                    kernels.unpack_rows(total, st.ns, st.offsets, dx_cd)
                 half.assign(dx_out, dx_cd, cv)  # exact: the values are already float16-rounded
     return dx_out, dh_prev, dc_prev, dparams
