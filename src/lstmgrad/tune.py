@@ -99,7 +99,7 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     w_ih = _rand(rng, (g, i), cd)
     proj, dx, dw = np.empty((n, g), cd), np.empty((n, i), cd), np.empty((g, i + h), cd)
     xht, dgt = np.empty((i + h, n), cd), np.empty((g, n), cd)
-    x_cols, h_cols = xh[:, :i], xh[:, i:]  # "rows2": the two products from xh's columns
+    x_cols = xh[:, :i]
     dw_ih, dw_hh = np.empty((g, i), cd), np.empty((g, h), cd)  # the results
 
     # the transposing copy on one thread, or split over the threads Numba's pool has, each
@@ -119,20 +119,27 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     conversions = _conversion_times(gemm, n, h, cd, tt)
 
     def weight_grad(layout: str, method: str) -> Callable[[], Any]:
-        # each layout as the engine runs it, the copy of one [4H, I + H] result into dW_ih
-        # and dW_hh included
+        # each layout as the engine runs it on dense steps: "rows", "tn" and "nt" with the copy
+        # of x into xh's columns and of one [4H, I + H] result into dW_ih and dW_hh; "nt2" and
+        # "rows2" from x and h_prev as they lie
+        def pack() -> None:
+            np.copyto(x_cols, x)
+
         def split(result: np.ndarray) -> None:
             np.copyto(dw_ih, result[:, :i])
             np.copyto(dw_hh, result[:, i:])
 
         def rows() -> Any:
+            pack()
             split(gemm.product(dg.T, xh, dw, method))
 
         def tn() -> Any:
+            pack()
             transpose_cols(xh.reshape(-1), i + h, n, 0, i + h, xht.reshape(-1), tt)
             split(gemm.tn(dg, xht, method))
 
         def nt() -> Any:
+            pack()
             transpose_cols(dg.reshape(-1), g, n, 0, g, dgt.reshape(-1), tt)
             split(gemm.nt(dgt, xh, method))
 
@@ -141,8 +148,8 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
             return gemm.nt(dgt, x, method), gemm.nt(dgt, hp, method)
 
         def rows2() -> None:
-            product_into(gemm, dg.T, x_cols, dw_ih, method)
-            product_into(gemm, dg.T, h_cols, dw_hh, method)
+            product_into(gemm, dg.T, x, dw_ih, method)
+            product_into(gemm, dg.T, hp, dw_hh, method)
 
         return {"rows": rows, "tn": tn, "nt": nt, "nt2": nt2, "rows2": rows2}[layout]
 
