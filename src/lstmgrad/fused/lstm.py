@@ -143,8 +143,9 @@ def backward_workspace_slots(
 ) -> list[Slot]:
     """Scratch of the backward (compute dtype cd) under ``plan`` (the call's by default).
 
-    xh [N, max(I, D*H) + H] packed [layer input | h_prev]; dg [P, N, 4H] gate gradients; cp
-    [P, N, H] packed c_prev; dw [4H, max(I, D*H) + H]; dh, dc [P, B, H]; dx [D, N, max(I, D*H)]
+    xh [N, max(I, D*H) + H] packed [layer input | h_prev] (the "nt2" and "rows2" layouts: the
+    two one after the other, each dense); dg [P, N, 4H] gate gradients; cp
+    [P, N, H] packed c_prev; dw [4H, max(I, D*H) + H] ("rows"; "rows2" of float16 storage); dh, dc [P, B, H]; dx [D, N, max(I, D*H)]
     each direction's dx; dy [T, B, D*H] the gradient of the layer's output; acts [7, T, B, H] the
     saved activations in cd (float16 storage only); xht [max(I, D*H) + H, N] xh transposed,
     where the weight gradient's layout is "tn"; dgt [4H, N] dg transposed, where it is "nt" or
@@ -517,7 +518,7 @@ def lstm_backward(
     for layer in reversed(range(dims.L)):
         width = dims.layer_input_size(layer)
         want_dx = layer > 0 or need_dx
-        # [x | h_prev] rows in xh; "nt2": x [N, I_l] then h_prev [N, H], each dense
+        # [x | h_prev] rows in xh
         xh = _dense(xh_buf, n_rows, width + hidden)
         hp, hp_col = xh, width
         if layout in ("nt2", "rows2"):  # x [N, I_l] then h_prev [N, H], each dense
