@@ -321,6 +321,56 @@ def test_numpy_float16_storage_under_every_weight_gradient_layout(layout):
                                    atol=4e-3 * scale)  # fmt: skip
 
 
+@pytest.mark.parametrize("layout", plan.WEIGHT_GRAD_LAYOUTS)
+@pytest.mark.parametrize(
+    "t,b,layers,d,strided",
+    [
+        (1, 1, 1, 1, False),
+        (5, 3, 3, 1, True),
+        (4, 2, 2, 2, False),
+        (6, 0, 2, 2, False),
+        (3, 0, 2, 1, True),
+    ],  # fmt: skip
+)
+def test_dense_steps_under_every_weight_gradient_layout(layout, t, b, layers, d, strided):
+    """Dense steps (no batch_sizes) read the layer input, c_prev and dx's rows in place: the
+    forward and every requested gradient equal the reference's under each layout, for T = 1,
+    B = 1, an empty batch, stacked layers of one or two directions and a strided input."""
+    rng = np.random.default_rng(t * 10 + b)
+    i, h = 5, 4
+    params = []
+    for layer in range(layers):
+        for _ in range(d):
+            width = i if layer == 0 else d * h
+            params += [rng.uniform(-0.4, 0.4, s) for s in [(4 * h, width), (4 * h, h), (4 * h,),
+                                                           (4 * h,)]]  # fmt: skip
+    wide = rng.standard_normal((t, b, 2 * i))
+    x = wide[:, :, ::2] if strided else np.ascontiguousarray(wide[:, :, :i])
+    hx = [rng.standard_normal((layers * d, b, h)) for _ in range(2)]
+    dy = rng.standard_normal((t, b, d * h))
+    kw = dict(num_layers=layers, bidirectional=d == 2)
+    ref = lstmgrad.lstm_forward(x, params, hx, impl="reference", **kw)
+    for mask in [
+        (True, True, True, True),
+        (False, False, False, True),
+        (True, False, False, False),
+    ]:
+        with forced(weight_grad=layout):
+            fw = lstmgrad.lstm_forward(x, params, hx, **kw)
+            got = lstmgrad.lstm_backward(x, hx, params, dy, None, None, *fw.saved[:7],
+                                         output_mask=mask, **kw)  # fmt: skip
+        want = lstmgrad.lstm_backward(x, hx, params, dy, None, None, *ref.saved[:7],
+                                      output_mask=mask, impl="reference", **kw)  # fmt: skip
+        np.testing.assert_allclose(fw.output, ref.output, rtol=1e-12, atol=1e-12)
+        for g, w in zip([got.dx, got.dh_prev, got.dc_prev, *(got.dparams or [])],
+                        [want.dx, want.dh_prev, want.dc_prev, *(want.dparams or [])],
+                        strict=True):  # fmt: skip
+            if w is None:
+                assert g is None
+            else:
+                np.testing.assert_allclose(g, w, rtol=1e-11, atol=1e-11)
+
+
 # --------------------------------------------------------------------------------------------
 # lstmgrad tune
 

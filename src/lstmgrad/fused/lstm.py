@@ -453,7 +453,7 @@ def _layer_input_rows(call: BackwardCall, st: _Steps, layer: int, masks: list | 
         a = _c(call.saved[4][layer - 1], cd, how)
     else:
         return None
-    return a.reshape(st.total, -1) if a.flags.c_contiguous else None
+    return a.reshape(st.total, a.shape[-1]) if a.flags.c_contiguous else None
 
 
 def _pack_layer_input(call: BackwardCall, st: _Steps, layer: int, masks: list | None,
