@@ -60,6 +60,14 @@ class _Steps:
         ]
 
 
+def _rows(a: np.ndarray, st: _Steps) -> np.ndarray | None:
+    """a [T, B, W] as its packed rows [N, W] without a copy, where the steps are dense and a is
+    C-contiguous; else None (the caller packs)."""
+    if st.dense and a.flags.c_contiguous:
+        return a.reshape(st.total, a.shape[-1])
+    return None
+
+
 def _c(a: np.ndarray, cd: np.dtype, how: half.Conversion = half.ONE_THREAD) -> np.ndarray:
     """C-contiguous in the compute dtype (no copy when already so): BLAS sees one layout, so
     results do not depend on the caller's strides. float16 converts as ``how`` says."""
@@ -253,23 +261,22 @@ def lstm_forward(
     for layer in range(dims.L):
         width = dims.layer_input_size(layer)
         xp = _dense(xp_buf, n_rows, width)  # [N, I_l]
-        # dense steps: the input's [T, B] rows are its packed rows (no copy where C-contiguous)
         if layer == 0:
-            x_in = _in(call.x, cd, cv)
-            if st.dense and x_in.flags.c_contiguous:
-                xp = x_in.reshape(n_rows, width)
-            else:
-                kernels.pack_rows(x_in, st.ns, st.offsets, xp, 0)
+            src = _in(call.x, cd, cv)
         elif st.dense and masks is None and cd == dtype and dims.D == 1:
-            xp = y.reshape(n_rows, width)  # projected before the walk overwrites it
+            src = y  # projected before the walk overwrites it
         else:
             np.copyto(layer_in, y)  # the layer below's rounded output
-            if masks is not None:
-                kernels.pack_rows_scaled(layer_in, masks[layer - 1], st.ns, st.offsets, xp, 0)
-            elif st.dense and cd == dtype:
-                xp = layer_in.reshape(n_rows, width)
-            else:
-                kernels.pack_rows(layer_in, st.ns, st.offsets, xp, 0)
+            src = layer_in
+        scale = masks[layer - 1] if masks is not None and layer > 0 else None
+        # float16 storage's walks write layer_in: its rows are copied out, not aliased
+        rows = None if scale is not None or (src is layer_in and cd != dtype) else _rows(src, st)
+        if rows is not None:  # dense steps: the input's [T, B] rows are its packed rows
+            xp = rows
+        elif scale is not None:
+            kernels.pack_rows_scaled(src, scale, st.ns, st.offsets, xp, 0)
+        else:
+            kernels.pack_rows(src, st.ns, st.offsets, xp, 0)
         pair: list[walks.ForwardWalk] = []
         for d in range(dims.D):
             k = layer * dims.D + d
@@ -448,12 +455,10 @@ def _layer_input_rows(call: BackwardCall, st: _Steps, layer: int, masks: list | 
     if not st.dense:
         return None
     if layer == 0:
-        a = _in(call.x, cd, how)
-    elif call.dims.D == 1 and masks is None:
-        a = _c(call.saved[4][layer - 1], cd, how)
-    else:
-        return None
-    return a.reshape(st.total, a.shape[-1]) if a.flags.c_contiguous else None
+        return _rows(_in(call.x, cd, how), st)
+    if call.dims.D == 1 and masks is None:
+        return _rows(_c(call.saved[4][layer - 1], cd, how), st)
+    return None
 
 
 def _pack_layer_input(call: BackwardCall, st: _Steps, layer: int, masks: list | None,
@@ -558,9 +563,8 @@ def lstm_backward(
         dx_parts: list[np.ndarray] = []
         # dense steps: dx's rows are the [T, B] rows of the layer below's dy (or of the result)
         dx_rows = None
-        if want_dx and st.dense:
-            dest = dy_buf if layer > 0 else (outs[0] if cd == dtype else None)
-            dx_rows = None if dest is None else dest.reshape(n_rows, width)
+        if want_dx and (layer > 0 or cd == dtype):
+            dx_rows = _rows(dy_buf if layer > 0 else outs[0], st)
         for dr in dirs:
             d = dr.k % dims.D
             if not plan.pair_walks:
