@@ -214,6 +214,31 @@ def test_recurrent_method_follows_the_sequence_length():
     assert tune.step_fields(entry, 2000, 1)["bwd_rec"] == "blas"
 
 
+def test_close_passes_get_more_rounds(monkeypatch):
+    """The passes' candidates within tune._CLOSE of the best run more rounds among themselves;
+    a far one does not, and a candidate's later, faster runs decide."""
+    # scripted seconds per candidate (told apart by the forced field) and run
+    scripts = {1: [1.00, 1.00, 1.00, 1.00, 0.90, 0.90, 0.90],  # threads=1: faster later
+               2: [0.98] * 7,  # threads=2: the best after the first rounds
+               3: [1.50] * 7}  # threads=3: alive (under 3x the best) but far
+    calls = {1: 0, 2: 0, 3: 0}
+
+    def timed(fn, reps, limit=float("inf"), warm=True):
+        threads = plan.overrides()["threads"]
+        calls[threads] += 1
+        return scripts[threads][calls[threads] - 1]
+
+    monkeypatch.setattr(tune, "_timed", timed)
+    candidates = {"one": {"threads": 1}, "two": {"threads": 2}, "three": {"threads": 3}}
+    dims = {"T": 3, "B": 2, "I": 3, "H": 4, "D": 1, "dtype": "float32"}
+    seconds = tune._pass_times(dims, "numpy", candidates)
+    assert seconds == {"one": 0.90, "two": 0.98, "three": 1.50}
+    rounds = tune._PASS_ROUNDS
+    assert calls[3] == 1 + rounds  # the first run and the common rounds only
+    # one extra round each: then "two" (0.98) is past _CLOSE * 0.90 and the rounds stop
+    assert calls[1] == calls[2] == 1 + rounds + 1
+
+
 def test_measured_on_a_busy_machine_kept_for_this_process_only(store, monkeypatch):
     monkeypatch.setattr(plan, "machine_busy", lambda: True)
     got = plan.plan_for(TINY, np.dtype(np.float32), NUMPY_GEMM)
