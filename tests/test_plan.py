@@ -221,8 +221,8 @@ def test_close_passes_get_more_rounds(monkeypatch):
     scripts = {
         1: [1.00, 1.00, 1.00, 1.00, 0.90, 0.90, 0.90],  # threads=1: faster later
         2: [0.98] * 7,  # threads=2: the best after the first rounds
-        3: [1.50] * 7,
-    }  # threads=3: alive (under 3x the best) but far
+        3: [1.50] * 7,  # threads=3: alive (under 3x the best) but far
+    }
     calls = {1: 0, 2: 0, 3: 0}
 
     def timed(fn, reps, limit=float("inf"), warm=True):

@@ -343,8 +343,8 @@ def _pass_times(dims_args: dict[str, Any], kind: str,
         first = min(seconds.values())
         alive = [name for name, t in seconds.items() if t <= 3 * first]
         seconds = {name: (t if name in alive else float("inf")) for name, t in seconds.items()}
-        for extra in range(2 * _PASS_ROUNDS):
-            if extra >= _PASS_ROUNDS:
+        for round_ in range(2 * _PASS_ROUNDS):
+            if round_ >= _PASS_ROUNDS:  # the extra rounds: the close candidates only
                 best = min(seconds[name] for name in alive)
                 alive = [name for name in alive if seconds[name] <= _CLOSE * best]
                 if len(alive) < 2:
@@ -382,7 +382,6 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
         "one": {**fields, "threads": 1},
         "walk": {**fields, "threads": 1, "walk": True},  # no library call per step
     }
-    split_min = b * h + 1
     if threads > 1:
         split_min = _split_min(b, h, cd, threads)
         # timed alone the split kernels can lose where, between the library's products, they
