@@ -484,3 +484,42 @@ def test_transposing_copy_timed_with_the_product_after_it(monkeypatch):
     assert sorted({int(e.split("/")[1]) for e in phase[0::2]}) == counts
     timed = sorted(int(k.split("/")[1]) for k in entry["seconds"] if k.startswith("transpose/"))
     assert timed == counts and entry["plan"]["transpose_threads"] in counts
+
+
+def test_big_class_copies_at_the_layers_rows():
+    """The transposing copy's class rows "R" follow the layer's rows (bucketed) up to
+    COPY_ELEMENTS of dG; the products' "N" stay at most BIG_ROWS."""
+    f32 = np.dtype(np.float32)
+
+    def cls(t, b, h):
+        return plan.big_class(Dims(T=t, B=b, I=h, H=h, L=1, D=1, has_bias=True), f32, "numpy")
+
+    assert (cls(3, 8, 16)["N"], cls(3, 8, 16)["R"]) == (32, 32)
+    assert (cls(100, 32, 256)["N"], cls(100, 32, 256)["R"]) == (plan.BIG_ROWS, 4096)
+    big = cls(100_000, 8, 256)
+    assert big["N"] == plan.BIG_ROWS and big["R"] * 4 * 256 == plan.COPY_ELEMENTS
+    wide = cls(50, 32, 1024)  # 1600 rows: bucket 2048, within the bound
+    assert wide["R"] == 2048 and wide["R"] * 4 * 1024 <= plan.COPY_ELEMENTS
+
+
+def test_copy_times_at_the_layers_rows():
+    cls = {"what": "big", "kind": "numpy", "dtype": "float32", "N": 32, "R": 128, "I": 8, "H": 8}
+    dg, dgt = np.ones((32, 32), np.float32), np.empty((32, 32), np.float32)
+    times = tune._copy_at_rows(cls, dg, dgt, 1)
+    assert set(times) == {"rows32", "rows128"} and all(0 < t < 1 for t in times.values())
+    assert tune._copy_at_rows({**cls, "R": 32}, dg, dgt, 1) == {}
+
+
+def test_slow_copies_at_the_layers_rows_rule_out_transposing_layouts(monkeypatch):
+    """Where the copy at the layer's rows costs far more per row than at the measured N, the
+    transposing layouts carry the difference and a layout without a copy wins."""
+    cls = {"what": "big", "kind": "numpy", "dtype": "float32", "N": 32, "R": 64, "I": 8, "H": 8}
+    monkeypatch.setattr(tune, "_copy_at_rows", lambda *a: {"rows32": 0.0, "rows64": 10.0})
+    entry = tune.measure_big(cls, NUMPY_GEMM)
+    extra = 10.0 * 32 / 64  # per N rows
+    seconds = {k.split("/")[1]: v for k, v in entry["seconds"].items() if k.startswith("blas/")}
+    assert seconds["nt"] >= extra and seconds["nt2"] >= extra
+    assert seconds["tn"] >= extra * (8 + 8) / 32
+    assert seconds["rows"] < 1 and seconds["rows2"] < 1
+    assert entry["plan"]["weight_grad"] in ("rows", "rows2")
+    assert entry["seconds"]["transpose/rows64"] == 10.0

@@ -178,11 +178,22 @@ BIG_ROWS = 1024
 few hundred, and this bounds a measurement's time by the layer's width, not its length."""
 
 
+COPY_ELEMENTS = 1 << 23
+"""The most elements the transposing copy is measured with. Unlike a product's, a copy's time
+per row grows as its arrays outgrow the caches, so it is measured at the rows the layer has,
+up to this bound (32 MiB of float32 each way)."""
+
+
 def big_class(dims: Dims, dtype: np.dtype, kind: str) -> dict[str, Any]:
     """The shape class of the big products' measurements: rows of all steps (bucketed, at
-    most :data:`BIG_ROWS`), the input size, hidden size."""
+    most :data:`BIG_ROWS` for the products, "R" for the transposing copy at most
+    :data:`COPY_ELEMENTS` of dG), the input size, hidden size."""
+    rows = bucket(dims.T * dims.B)
+    copy_rows = max(1, COPY_ELEMENTS // (4 * dims.H))
+    copy_rows = 1 << (copy_rows.bit_length() - 1)  # a power of two, as the buckets are
+    n = min(rows, BIG_ROWS)
     return {"what": "big", "kind": kind, "dtype": str(compute_dtype(dtype)),
-            "N": min(bucket(dims.T * dims.B), BIG_ROWS), "I": dims.I, "H": dims.H}  # fmt: skip
+            "N": n, "R": max(n, min(rows, copy_rows)), "I": dims.I, "H": dims.H}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -262,7 +273,7 @@ def cache_dir() -> Path:
     return _cache_dir(_cache_env())
 
 
-WISDOM_FORMAT = 10
+WISDOM_FORMAT = 11
 """The version of what a measurement holds: a store written with other candidates (an older
 lstmgrad) is measured again rather than read."""
 

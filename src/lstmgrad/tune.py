@@ -172,6 +172,15 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
         key = f"{method}/{layout}"
         seconds[key] = _timed(weight_grad(layout, method), reps, limit=3 * best, warm=reps > 1)
         best = min(best, seconds[key])
+    copies = _copy_at_rows(cls, dg, dgt, tt)
+    if copies:  # each layout's copies at the layer's own rows, per n rows
+        extra = copies[f"rows{cls['R']}"] * n / cls["R"] - copies[f"rows{n}"]
+        for key in seconds:
+            layout = key.split("/")[1]
+            if layout in ("nt", "nt2"):  # dG transposed
+                seconds[key] += extra
+            elif layout == "tn":  # [x | h_prev] transposed
+                seconds[key] += extra * (i + h) / g
     choice = _best(seconds)
     method, layout = choice.split("/")
     return {
@@ -185,10 +194,30 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
             **{f"{m}/products": t for m, t in products.items()},
             **seconds,
             **{f"transpose/{k}": t for k, t in transposes.items()},
+            **{f"transpose/{k}": t for k, t in copies.items()},
             **{f"convert/{k}": t for k, t in conversions.items()},
         },  # fmt: skip
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+
+
+def _copy_at_rows(cls: dict[str, Any], dg: np.ndarray, dgt: np.ndarray, threads: int
+                  ) -> dict[str, float]:  # fmt: skip
+    """Times of dG's transposing copy at the class's N rows and at its R rows (the layer's
+    own, bounded), where R > N; else none."""
+    from .fused.walks import transpose_cols
+
+    n, r, g = cls["N"], cls.get("R", cls["N"]), dg.shape[1]
+    if r <= n:
+        return {}
+    big, big_t = np.ones((r, g), dg.dtype), np.empty((g, r), dg.dtype)  # any values copy alike
+
+    def copy(rows: int, src: np.ndarray, dst: np.ndarray) -> Callable[[], None]:
+        return functools.partial(transpose_cols, src.reshape(-1), g, rows, 0, g,
+                                 dst.reshape(-1), threads)  # fmt: skip
+
+    at_r = copy(r, big, big_t)
+    return {f"rows{n}": _timed(copy(n, dg, dgt), 3), f"rows{r}": _timed(at_r, _reps(_timed(at_r, 1)))}
 
 
 def _conversion_times(gemm: Any, n: int, h: int, cd: np.dtype, threads: int) -> dict[str, float]:
