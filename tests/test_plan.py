@@ -61,7 +61,7 @@ def test_plan_environment_variable_parsed(monkeypatch):
         ("threads=0", "threads must be an integer >= 1, got '0'"),
         ("threads=two", "threads"),
         ("split_min=-1", "split_min must be an integer >= 0"),
-        ("fwd_rec=mkl", "fwd_rec must be one of"),
+        ("fwd_rec=fast", "fwd_rec must be one of"),
         ("big=loop", "big must be one of ('blas', 'onednn')"),
         ("weight_grad=cols", "weight_grad must be one of ('rows', 'tn', 'nt', 'nt2', 'rows2')"),
         ("pair_walks=maybe", "pair_walks must be true or false"),

@@ -321,9 +321,12 @@ def test_gemm_products_against_float64(monkeypatch, lib, m, k, n):
     f32 = np.dtype(np.float32)
     if lib == "torch-public":
         assert gemm.product_methods(f32) == ("blas",)
-        assert not {"onednn", "packed"} & set(gemm.fixed_methods(f32))
-    elif lib == "torch" and tensors_mod._probe_onednn(torch):
-        assert "onednn" in gemm.product_methods(f32) and "packed" in gemm.fixed_methods(f32)
+        assert not {"onednn", "packed", "mkl"} & set(gemm.fixed_methods(f32))
+    elif lib == "torch":
+        if tensors_mod._probe_onednn(torch):
+            assert "onednn" in gemm.product_methods(f32) and "packed" in gemm.fixed_methods(f32)
+        assert ("mkl" in gemm.fixed_methods(f32)) == tensors_mod._probe_mkl(torch)
+        assert "mkl" not in gemm.fixed_methods(np.dtype(np.float64))
     rng = np.random.default_rng(7)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
@@ -367,11 +370,12 @@ def test_lazy_negation_views_are_read_as_their_values():
     assert_close(got.output, want.output, 1e-12)
 
 
-@pytest.mark.parametrize("method", ["blas", "blas_t", "loop", "onednn", "packed"])
+@pytest.mark.parametrize("method", ["blas", "blas_t", "loop", "onednn", "packed", "mkl"])
 def test_recurrent_product_methods_over_long_runs(method):
     """Each recurrent-product method of a plan (the packed weight of a long run too), forward
     and backward, gives NumPy's GEMMs' and the reference's gradients, dense and with unsorted
-    lengths ("onednn" and "packed" run torch.mm where this torch build lacks oneDNN)."""
+    lengths (steps with fewer rows than the weight was packed for); "onednn", "packed" and
+    "mkl" run torch.mm where this torch build lacks them."""
     t, b, i, h = 130, 16, 32, 128
     x, hx, params, dy, kw = make(np.float32, num_layers=1, t=t, b=b, i=i, h=h)
     rng = np.random.default_rng(3)

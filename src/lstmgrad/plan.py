@@ -47,7 +47,7 @@ class Plan:
     for dW_ih and one for dW_hh; "rows2": as "rows" in two products written into the results,
     through float32 scratch where float16 results are rounded from it); fwd_rec / bwd_rec: method
     of the forward's / backward's recurrent product per step (a :meth:`Gemm.fixed` method:
-    "blas", "blas_t", "loop", "onednn", "packed"); threads: threads of the step kernels (1: one
+    "blas", "blas_t", "loop", "onednn", "packed", "mkl"); threads: threads of the step kernels (1: one
     thread); split_min: the smallest step (active rows * H) whose kernel splits over them;
     pair_walks: both directions of a bidirectional layer walk at once on two threads, each step
     loop in one Numba call (the recurrent methods are then unused); walk: each direction's step
@@ -89,7 +89,7 @@ _forced: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
 
 
 BIG_METHODS = ("blas", "onednn")
-RECURRENT_METHODS = ("blas", "blas_t", "loop", "onednn", "packed")
+RECURRENT_METHODS = ("blas", "blas_t", "loop", "onednn", "packed", "mkl")
 CONVERSIONS = ("kernels", "library")
 _CHOICES = {"big": BIG_METHODS, "weight_grad": WEIGHT_GRAD_LAYOUTS, "fwd_rec": RECURRENT_METHODS,
             "bwd_rec": RECURRENT_METHODS, "convert": CONVERSIONS}  # fmt: skip
@@ -273,7 +273,7 @@ def cache_dir() -> Path:
     return _cache_dir(_cache_env())
 
 
-WISDOM_FORMAT = 11
+WISDOM_FORMAT = 12
 """The version of what a measurement holds: a store written with other candidates (an older
 lstmgrad) is measured again rather than read."""
 

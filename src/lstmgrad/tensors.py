@@ -144,6 +144,31 @@ def _probe_onednn(torch: Any) -> bool:
     return _onednn_probe
 
 
+_mkl_probe: bool | None = None
+
+
+def _probe_mkl(torch: Any) -> bool:
+    """Whether MKL's packed GEMM (private ops: ``torch.ops.mkl._mkl_reorder_linear_weight``
+    and ``_mkl_linear``) exists and computes small products right, at the packed row count
+    and at others, checked once a process."""
+    global _mkl_probe
+    if _mkl_probe is None:
+        ok = False
+        try:
+            mkl = getattr(torch.ops, "mkl", None)
+            if torch.backends.mkl.is_available() and mkl is not None:
+                w = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+                packed = mkl._mkl_reorder_linear_weight(w, 2)
+                ok = True
+                for rows in (2, 1, 3):
+                    a = torch.arange(3 * rows, dtype=torch.float32).reshape(rows, 3)
+                    ok = ok and bool(torch.equal(mkl._mkl_linear(a, packed, w, None, 2), a @ w.t()))
+        except Exception:  # missing or changed private op: torch.mm serves
+            ok = False
+        _mkl_probe = ok
+    return _mkl_probe
+
+
 _conversion_probe: bool | None = None
 
 
@@ -197,7 +222,8 @@ class TorchGemm:
     Methods: "blas" (torch.mm, public), "loop" and "blas_t" (as for NumPy), and, for float32
     where this torch build has them and LSTMGRAD_PRIVATE_OPS is not 0, "onednn" (oneDNN's
     linear, the kernel torch's own fused ops use) and "packed" (the same with the fixed weight
-    reordered once for many calls).
+    reordered once for many calls); "mkl" (MKL's packed GEMM, the fixed weight packed once for
+    many calls) where this build has MKL and the same variable allows private ops.
     """
 
     kind = "torch"
@@ -206,6 +232,7 @@ class TorchGemm:
         torch = _torch()
         self._torch = torch
         self._onednn = private_ops_allowed() and _probe_onednn(torch)
+        self._mkl = private_ops_allowed() and _probe_mkl(torch)
 
     def product_methods(self, dtype: np.dtype) -> tuple[str, ...]:
         if self._onednn and np.dtype(dtype) == np.float32:
@@ -213,9 +240,11 @@ class TorchGemm:
         return ("blas",)
 
     def fixed_methods(self, dtype: np.dtype) -> tuple[str, ...]:
-        if self._onednn and np.dtype(dtype) == np.float32:
-            return ("blas", "blas_t", "loop", "onednn", "packed")
-        return ("blas", "blas_t", "loop")
+        methods: tuple[str, ...] = ("blas", "blas_t", "loop")
+        if np.dtype(dtype) == np.float32:
+            methods += ("onednn", "packed") if self._onednn else ()
+            methods += ("mkl",) if self._mkl else ()
+        return methods
 
     def _mm(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         torch = self._torch
@@ -248,6 +277,16 @@ class TorchGemm:
             return loop_product(b)
         if method == "blas_t":
             return transposed_product(b, rows, self._mm, threads)
+        if method == "mkl":  # packed from a dense [N, K] copy, as "packed"'s
+            weight = torch.from_numpy(dense(b.T, threads))
+            mkl_packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, max(rows, 1))
+            mkl_linear, batch = torch.ops.mkl._mkl_linear, max(rows, 1)
+
+            def mkl(a: np.ndarray, out: np.ndarray) -> np.ndarray:
+                # MKL's own result (a call with other than ``rows`` rows runs torch's linear)
+                return mkl_linear(torch.from_numpy(a), mkl_packed, weight, None, batch).numpy()
+
+            return mkl
         if method not in ("onednn", "packed"):
             # a dense b, as NumPy's: MKL multiplies a transposed view up to twice as slowly
             tb = torch.from_numpy(dense(b, threads))

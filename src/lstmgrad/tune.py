@@ -217,7 +217,10 @@ def _copy_at_rows(cls: dict[str, Any], dg: np.ndarray, dgt: np.ndarray, threads:
                                  dst.reshape(-1), threads)  # fmt: skip
 
     at_r = copy(r, big, big_t)
-    return {f"rows{n}": _timed(copy(n, dg, dgt), 3), f"rows{r}": _timed(at_r, _reps(_timed(at_r, 1)))}
+    return {
+        f"rows{n}": _timed(copy(n, dg, dgt), 3),
+        f"rows{r}": _timed(at_r, _reps(_timed(at_r, 1))),
+    }
 
 
 def _conversion_times(gemm: Any, n: int, h: int, cd: np.dtype, threads: int) -> dict[str, float]:
