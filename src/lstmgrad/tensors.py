@@ -281,9 +281,14 @@ class TorchGemm:
             weight = torch.from_numpy(dense(b.T, threads))
             mkl_packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, max(rows, 1))
             mkl_linear, batch = torch.ops.mkl._mkl_linear, max(rows, 1)
+            fewer: list[FixedGemm] = []  # "blas" for steps of fewer rows, made on first use
 
             def mkl(a: np.ndarray, out: np.ndarray) -> np.ndarray:
-                # MKL's own result (a call with other than ``rows`` rows runs torch's linear)
+                if a.shape[0] != batch:  # else torch's linear, on the transposed weight
+                    if not fewer:
+                        fewer.append(self._fixed(b, "blas", rows, threads))
+                    return fewer[0](a, out)
+                # MKL's own result
                 return mkl_linear(torch.from_numpy(a), mkl_packed, weight, None, batch).numpy()
 
             return mkl
