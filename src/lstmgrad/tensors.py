@@ -11,8 +11,10 @@ come back as tensors over the engine's result memory (zero copy again).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -118,58 +120,52 @@ def private_ops_allowed() -> bool:
     return os.environ.get("LSTMGRAD_PRIVATE_OPS", "1").strip().lower() not in ("0", "off", "no")
 
 
-_onednn_probe: bool | None = None
+def _once(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """``check(torch)`` run once a process, its answer kept; False where it raises (a missing
+    or changed private op or conversion: torch.mm and the engine's kernels serve)."""
+    answer: list[bool] = []
+
+    @functools.wraps(check)
+    def probe(torch: Any) -> bool:
+        if not answer:
+            try:
+                ok = bool(check(torch))
+            except Exception:
+                ok = False
+            answer.append(ok)
+        return answer[0]
+
+    return probe
 
 
+@_once
 def _probe_onednn(torch: Any) -> bool:
     """Whether oneDNN's linear (a private op: ``torch.ops.mkldnn._linear_pointwise``, with its
     weight reorder) exists and computes a small product right, checked once a process."""
-    global _onednn_probe
-    if _onednn_probe is None:
-        ok = False
-        try:
-            mkldnn = getattr(torch.ops, "mkldnn", None)
-            if torch.backends.mkldnn.is_available() and mkldnn is not None:
-                a = torch.arange(6, dtype=torch.float32).reshape(2, 3)
-                w = torch.arange(12, dtype=torch.float32).reshape(4, 3)
-                packed = mkldnn._reorder_linear_weight(w, 2)
-                for weight in (w, packed):
-                    got = mkldnn._linear_pointwise(a, weight, None, "none", [], "")
-                    ok = bool(torch.equal(got, a @ w.t()))
-                    if not ok:
-                        break
-        except Exception:  # missing or changed private op: torch.mm serves
-            ok = False
-        _onednn_probe = ok
-    return _onednn_probe
+    mkldnn = getattr(torch.ops, "mkldnn", None)
+    if not torch.backends.mkldnn.is_available() or mkldnn is None:
+        return False
+    a = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    w = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    packed = mkldnn._reorder_linear_weight(w, 2)
+    return all(
+        torch.equal(mkldnn._linear_pointwise(a, weight, None, "none", [], ""), a @ w.t())
+        for weight in (w, packed)
+    )
 
 
-_mkl_probe: bool | None = None
-
-
+@_once
 def _probe_mkl(torch: Any) -> bool:
     """Whether MKL's packed GEMM (private ops: ``torch.ops.mkl._mkl_reorder_linear_weight``
     and ``_mkl_linear``) exists and computes small products right, at the packed row count
     and at others, checked once a process."""
-    global _mkl_probe
-    if _mkl_probe is None:
-        ok = False
-        try:
-            mkl = getattr(torch.ops, "mkl", None)
-            if torch.backends.mkl.is_available() and mkl is not None:
-                w = torch.arange(12, dtype=torch.float32).reshape(4, 3)
-                packed = mkl._mkl_reorder_linear_weight(w, 2)
-                ok = True
-                for rows in (2, 1, 3):
-                    a = torch.arange(3 * rows, dtype=torch.float32).reshape(rows, 3)
-                    ok = ok and bool(torch.equal(mkl._mkl_linear(a, packed, w, None, 2), a @ w.t()))
-        except Exception:  # missing or changed private op: torch.mm serves
-            ok = False
-        _mkl_probe = ok
-    return _mkl_probe
-
-
-_conversion_probe: bool | None = None
+    mkl = getattr(torch.ops, "mkl", None)
+    if not torch.backends.mkl.is_available() or mkl is None:
+        return False
+    w = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    packed = mkl._mkl_reorder_linear_weight(w, 2)
+    rows_a = (torch.arange(3 * rows, dtype=torch.float32).reshape(rows, 3) for rows in (2, 1, 3))
+    return all(torch.equal(mkl._mkl_linear(a, packed, w, None, 2), a @ w.t()) for a in rows_a)
 
 
 def _same_values(got: np.ndarray, want: np.ndarray) -> bool:
@@ -184,36 +180,29 @@ def _same_values(got: np.ndarray, want: np.ndarray) -> bool:
     )
 
 
+@_once
 def _probe_conversion(torch: Any) -> bool:
     """Whether torch's float32 <-> float16 copy (``Tensor.copy_``) gives the engine's kernels'
     bits (lstmgrad.fused.half) on every float16 value and on float32 values at and around
     every float16 rounding boundary, specials and random bit patterns (a NaN's payload may
     differ, as between NumPy's conversions and F16C's); checked once a process."""
-    global _conversion_probe
-    if _conversion_probe is None:
-        from .fused import half
+    from .fused import half
 
-        ok = False
-        try:
-            values = half.float_table()  # every float16, as float32
-            finite = np.unique(values[np.isfinite(values)].astype(np.float64))
-            mids = ((finite[1:] + finite[:-1]) / 2).astype(np.float32)  # exact in float32
-            rng = np.random.default_rng(0)
-            bits = rng.integers(0, 1 << 32, 1 << 16, dtype=np.uint64).astype(np.uint32)
-            wide = np.concatenate([values, mids, np.nextafter(mids, np.float32(np.inf)),
-                                   np.nextafter(mids, np.float32(-np.inf)),
-                                   bits.view(np.float32)])[None]  # fmt: skip
-            want16, got16 = np.empty(wide.shape, np.float16), np.empty(wide.shape, np.float16)
-            half.assign(want16, wide)
-            torch.from_numpy(got16).copy_(torch.from_numpy(wide))
-            halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
-            got32 = np.empty((1, halves.size), np.float32)
-            torch.from_numpy(got32).copy_(torch.from_numpy(halves[None]))
-            ok = _same_values(got16, want16) and _same_values(got32, values[None])
-        except Exception:  # a torch without this conversion: the kernels serve
-            ok = False
-        _conversion_probe = ok
-    return _conversion_probe
+    values = half.float_table()  # every float16, as float32
+    finite = np.unique(values[np.isfinite(values)].astype(np.float64))
+    mids = ((finite[1:] + finite[:-1]) / 2).astype(np.float32)  # exact in float32
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 1 << 32, 1 << 16, dtype=np.uint64).astype(np.uint32)
+    wide = np.concatenate([values, mids, np.nextafter(mids, np.float32(np.inf)),
+                           np.nextafter(mids, np.float32(-np.inf)),
+                           bits.view(np.float32)])[None]  # fmt: skip
+    want16, got16 = np.empty(wide.shape, np.float16), np.empty(wide.shape, np.float16)
+    half.assign(want16, wide)
+    torch.from_numpy(got16).copy_(torch.from_numpy(wide))
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    got32 = np.empty((1, halves.size), np.float32)
+    torch.from_numpy(got32).copy_(torch.from_numpy(halves[None]))
+    return _same_values(got16, want16) and _same_values(got32, values[None])
 
 
 class TorchGemm:
@@ -278,16 +267,19 @@ class TorchGemm:
         if method == "blas_t":
             return transposed_product(b, rows, self._mm, threads)
         if method == "mkl":  # packed from a dense [N, K] copy, as "packed"'s
+            batch = max(rows, 1)
             weight = torch.from_numpy(dense(b.T, threads))
-            mkl_packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, max(rows, 1))
-            mkl_linear, batch = torch.ops.mkl._mkl_linear, max(rows, 1)
-            fewer: list[FixedGemm] = []  # "blas" for steps of fewer rows, made on first use
+            mkl_packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, batch)
+            mkl_linear = torch.ops.mkl._mkl_linear
+            # steps of other row counts (variable lengths): "blas", made on first use, rather
+            # than the torch linear on the transposed weight that MKL's op falls back to
+            other_rows: list[FixedGemm] = []
 
             def mkl(a: np.ndarray, out: np.ndarray) -> np.ndarray:
-                if a.shape[0] != batch:  # else torch's linear, on the transposed weight
-                    if not fewer:
-                        fewer.append(self._fixed(b, "blas", rows, threads))
-                    return fewer[0](a, out)
+                if a.shape[0] != batch:
+                    if not other_rows:
+                        other_rows.append(self._fixed(b, "blas", rows, threads))
+                    return other_rows[0](a, out)
                 # MKL's own result
                 return mkl_linear(torch.from_numpy(a), mkl_packed, weight, None, batch).numpy()
 
