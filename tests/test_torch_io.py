@@ -649,12 +649,16 @@ def test_split_step_kernels_equal_the_one_thread_kernels_bitwise(dtype, rows, n,
     c_prev = rng.standard_normal((n, hid)).astype(dtype)
     for has_dy in (True, False):
         grads = [rng.standard_normal((rows, hid)).astype(dtype) for _ in range(2)]
-        one = [*(g.copy() for g in grads), np.zeros((n, 4 * hid), dtype)]
-        two = [*(g.copy() for g in grads), np.zeros((n, 4 * hid), dtype)]
-        kernels.backward_step(dy, has_dy, one[0], one[1], *acts, c_prev, one[2], n)
-        walks.backward_step_split(dy, has_dy, two[0], two[1], *acts, c_prev, two[2], n, parts)
+        db = np.full((rows, 4 * hid), 0.5, dtype)  # each row's running bias gradient
+        one = [*(g.copy() for g in grads), np.zeros((n, 4 * hid), dtype), db.copy()]
+        two = [*(g.copy() for g in grads), np.zeros((n, 4 * hid), dtype), db.copy()]
+        kernels.backward_step(dy, has_dy, one[0], one[1], *acts, c_prev, one[2], n, one[3], True)
+        walks.backward_step_split(dy, has_dy, two[0], two[1], *acts, c_prev, two[2], n, two[3],
+                                  True, parts)  # fmt: skip
         for a, b in zip(one, two, strict=True):
             np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(one[3][:n], db[:n] + one[2])  # active rows' dG added
+        np.testing.assert_array_equal(one[3][n:], db[n:])
 
 
 @pytest.mark.parametrize("case", ["dense", "lengths", "no-dy", "dh-prev-off"])

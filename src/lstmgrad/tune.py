@@ -304,7 +304,7 @@ def _split_min(b: int, h: int, cd: np.dtype, parts: int) -> int:
     bias = np.zeros(4 * h, cd)
     st = np.zeros((2, b, h), cd)
     acts = np.zeros((8, b, h), cd) + cd.type(0.5)
-    dg = np.empty((b, 4 * h), cd)
+    dg, db = np.empty((b, 4 * h), cd), np.zeros((b, 4 * h), cd)
     dy = _rand(rng, (b, h), cd)
     split_min = b * h + 1
     n = b
@@ -312,12 +312,13 @@ def _split_min(b: int, h: int, cd: np.dtype, parts: int) -> int:
 
         def serial(n: int = n) -> None:
             kernels.forward_step(gx, gh, bias, st[0], st[1], n, *acts)
-            kernels.backward_step(dy, True, st[0], st[1], *acts[:4], acts[6], acts[7], dg, n)
+            kernels.backward_step(dy, True, st[0], st[1], *acts[:4], acts[6], acts[7], dg, n,
+                                  db, True)  # fmt: skip
 
         def split(n: int = n) -> None:
             walks.forward_step_split(gx, gh, bias, st[0], st[1], n, parts, *acts)
             walks.backward_step_split(
-                dy, True, st[0], st[1], *acts[:4], acts[6], acts[7], dg, n, parts
+                dy, True, st[0], st[1], *acts[:4], acts[6], acts[7], dg, n, db, True, parts
             )
 
         one = _timed(serial, 1)

@@ -253,13 +253,18 @@ def forward_step(gx, gh, bias, h, c, n, s_i, s_g, s_f, s_o, s_h, s_c, s_tc, y): 
 
 
 @_jit
-def backward_step(dy, has_dy, dh, dc, s_i, s_g, s_f, s_o, s_tc, c_prev, dg, n):  # pragma: no cover
-    """One step of the backward walk of one (layer, direction), rows < n (docs/math.md B2-B8, B10).
+def backward_step(
+    dy, has_dy, dh, dc, s_i, s_g, s_f, s_o, s_tc, c_prev, dg, n, db, with_db
+):  # pragma: no cover
+    """One step of the backward walk of one (layer, direction), rows < n (docs/math.md B2-B8, B10,
+    B14).
 
     dy [B, H]: the step's output gradient (read only if has_dy); dh, dc [B, H]: dh_next and
     dc_next (dh becomes dh_t, then the caller's recurrent GEMM replaces it; dc becomes
     dc_t * f); s_* [B, H]: saved activations of the step; c_prev [n, H] packed previous cell
-    state; dg [n, 4H]: the gate gradients, written.
+    state; dg [n, 4H]: the gate gradients, written; db [B, 4H]: where ``with_db``, each row's
+    gate gradients summed over the steps (B14, row by row: the same sums whatever splits the
+    rows, and dG is not read again from memory for the bias).
     """
     hid = dh.shape[1]
     for r in range(n):
@@ -296,6 +301,11 @@ def backward_step(dy, has_dy, dh, dc, s_i, s_g, s_f, s_o, s_tc, c_prev, dg, n): 
             d_f[j] = dc_r[j] * cp_r[j] * f_r[j] * (u - f_r[j])  # (B7)
         for j in range(hid):
             dc_r[j] *= f_r[j]  # (B10)
+        if with_db:
+            db_r = db[r]
+            dg_r = dg[r]
+            for j in range(4 * hid):
+                db_r[j] += dg_r[j]  # (B14)
 
 
 @_jit

@@ -111,12 +111,12 @@ def _forward_step(plan: Plan, hidden: int, gx, gh, bias, h, c, n, acts, y) -> No
         kernels.forward_step(gx, gh, bias, h, c, n, *acts, y)
 
 
-def _backward_step(plan: Plan, hidden: int, dy, has_dy, dh, dc, acts, cp, dg, n) -> None:  # type: ignore[no-untyped-def]
+def _backward_step(plan: Plan, hidden: int, dy, has_dy, dh, dc, acts, cp, dg, n, db, with_db) -> None:  # type: ignore[no-untyped-def]  # fmt: skip
     """One step's gate gradients (kernels.backward_step), split as in :func:`_forward_step`."""
     if plan.threads > 1 and n * hidden >= plan.split_min:
-        walks.backward_step_split(dy, has_dy, dh, dc, *acts, cp, dg, n, plan.threads)
+        walks.backward_step_split(dy, has_dy, dh, dc, *acts, cp, dg, n, db, with_db, plan.threads)
     else:
-        kernels.backward_step(dy, has_dy, dh, dc, *acts, cp, dg, n)
+        kernels.backward_step(dy, has_dy, dh, dc, *acts, cp, dg, n, db, with_db)
 
 
 def forward_workspace_slots(
@@ -157,7 +157,8 @@ def backward_workspace_slots(
     each direction's dx; dy [T, B, D*H] the gradient of the layer's output; acts [7, T, B, H] the
     saved activations in cd (float16 storage only); xht [max(I, D*H) + H, N] xh transposed,
     where the weight gradient's layout is "tn"; dgt [4H, N] dg transposed, where it is "nt" or
-    "nt2" (no dw where it is "rows2" or "nt2": their products write the results themselves).
+    "nt2" (no dw where it is "rows2" or "nt2": their products write the results themselves);
+    db [P, B, 4H] each row's bias gradient (with bias).
     P = 2 where the two directions walk at once, else 1.
     """
     plan = plan or plan_for(dims, dtype, gemm)
@@ -182,6 +183,7 @@ def backward_workspace_slots(
         (acts, cd),
         ((width + h, n) if layout == "tn" else (0,), cd),
         ((4 * h, n) if layout in ("nt", "nt2") else (0,), cd),
+        ((p, b, 4 * h) if dims.has_bias else (p, 1, 1), cd),
     ]
 
 
@@ -340,17 +342,20 @@ def _gather(call: BackwardCall, st: _Steps, k: int, acts: tuple, hp: np.ndarray,
     )  # fmt: skip
 
 
-def _initial_grads(call: BackwardCall, k: int, dh: np.ndarray, dc: np.ndarray) -> None:
-    dh[...] = 0.0 if call.dh is None else call.dh[k]
-    dc[...] = 0.0 if call.dc is None else call.dc[k]
+def _initial_grads(call: BackwardCall, dr: _Direction) -> None:
+    dr.dh[...] = 0.0 if call.dh is None else call.dh[dr.k]
+    dr.dc[...] = 0.0 if call.dc is None else call.dc[dr.k]
+    dr.db[...] = 0.0
 
 
 class _Direction:
     """One (layer, direction) of the backward: its index k, saved activations (in cd), output
-    gradient and scratch."""
+    gradient and scratch (db: each row's bias gradient, summed by the step kernels where
+    ``with_db``)."""
 
-    def __init__(self, k, acts, dy, dg, cp, dh, dc) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, k, acts, dy, dg, cp, dh, dc, db, with_db) -> None:  # type: ignore[no-untyped-def]
         self.k, self.acts, self.dy, self.dg, self.cp, self.dh, self.dc = k, acts, dy, dg, cp, dh, dc
+        self.db, self.with_db = db, with_db
 
     @property
     def gate_acts(self) -> tuple:
@@ -370,11 +375,13 @@ def _previous_cells(call: BackwardCall, st: _Steps, dr: _Direction) -> list[np.n
 
 
 def _backward_walk(
-    dr: _Direction, w_hh: np.ndarray, st: _Steps, directions: int
+    call: BackwardCall, dr: _Direction, w_hh: np.ndarray, st: _Steps
 ) -> walks.BackwardWalk:
     """dr's step loop as a record for fused.walks, walked in the reverse of the forward's order."""
-    return walks.BackwardWalk._make((dr.dy, dr.dh, dr.dc, w_hh, *dr.gate_acts, dr.cp, dr.dg,
-                                     st.orders[1 - dr.k % directions]))  # fmt: skip
+    c0 = np.ascontiguousarray(_c(call.c0[dr.k], dr.cp.dtype))
+    return walks.BackwardWalk._make((dr.dy, dr.dh, dr.dc, w_hh, *dr.gate_acts, dr.acts[5], c0,
+                                     dr.cp, dr.dg, dr.db,
+                                     st.orders[1 - dr.k % call.dims.D]))  # fmt: skip
 
 
 def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.ndarray,
@@ -384,8 +391,9 @@ def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.
     t_steps, hidden = call.dims.T, call.dims.H
     gate_acts = dr.gate_acts
     if plan.walk:  # the whole step loop in one Numba call
-        walk = _backward_walk(dr, w_hh, st, call.dims.D)
-        walks.backward_walk_of(walk, has_dy, st.ns, st.offsets, call.need[1])
+        walk = _backward_walk(call, dr, w_hh, st)
+        flags = (call.need[1], st.dense, dr.with_db)
+        walks.backward_walk_of(walk, has_dy, st.ns, st.offsets, flags)
         return
     rec = gemm.fixed(w_hh, plan.bwd_rec, call.dims.B, plan.transpose_threads)  # dG -> dh
     # dense steps read c_prev where it is saved; otherwise from dr.cp, gathered packed
@@ -395,7 +403,8 @@ def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.
             continue
         cp = dr.cp[off : off + n] if c_prev is None else c_prev[t]
         _backward_step(plan, hidden, dr.dy[t if has_dy else 0], has_dy, dr.dh, dr.dc,
-                       tuple(a[t] for a in gate_acts), cp, dr.dg[off : off + n], n)  # fmt: skip
+                       tuple(a[t] for a in gate_acts), cp, dr.dg[off : off + n], n, dr.db,
+                       dr.with_db)  # fmt: skip
         if step < t_steps - 1 or call.need[1]:  # the last step's dh only feeds dh_prev
             dh_n = dr.dh[:n]
             product = rec(dr.dg[off : off + n], dh_n)
@@ -441,8 +450,8 @@ def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _D
             dw = gemm.product(dr.dg.T, xh, _dense(bufs["dw"], dims.G, width + dims.H), plan.big)
         half.assign(dparams[i_ih], dw[:, :width], cv)
         half.assign(dparams[i_hh], dw[:, width:], cv)
-    if dims.has_bias:
-        db = dr.dg.sum(axis=0)
+    if dr.with_db:  # the rows' sums from the step kernels, added up in row order
+        db = dr.db.sum(axis=0)
         dparams[dims.index(layer, dr.k % dims.D, B_IH)][...] = db
         dparams[dims.index(layer, dr.k % dims.D, B_HH)][...] = db
 
@@ -500,7 +509,8 @@ def lstm_backward(
     st = _Steps(dims, call.mask)
     n_rows = st.total
     (xh_buf, dg_buf, cp_buf, dw_buf, dh_buf, dc_buf, dx_buf, dy_buf, acts_buf, xht_buf,
-     dgt_buf) = arena.take_all(backward_workspace_slots(dims, dtype, gemm, plan))  # fmt: skip
+     dgt_buf, db_buf) = arena.take_all(backward_workspace_slots(dims, dtype, gemm, plan))  # fmt: skip
+    with_db = need_dw and dims.has_bias
     bufs = {"dw": dw_buf, "xht": xht_buf, "dgt": dgt_buf, "dgt_flat": dgt_buf.reshape(-1)}
     xh_flat, xht_flat = xh_buf.reshape(-1), xht_buf.reshape(-1)  # for walks.transpose_cols
     # every result in one (recycled) allocation: see workspace.block
@@ -551,15 +561,17 @@ def lstm_backward(
                 acts = tuple(acts_buf)
             dy_d = dummy if dy is None else dy[..., d * hidden : (d + 1) * hidden]
             dirs.append(_Direction(k, acts, dy_d, dg_buf[p, :n_rows], cp_buf[p, :n_rows],
-                                   dh_buf[p], dc_buf[p]))  # fmt: skip
+                                   dh_buf[p], dc_buf[p], db_buf[p], with_db))  # fmt: skip
         if plan.pair_walks:  # both directions' walks at once (fused.walks)
             pair = []
             for dr in dirs:  # c_prev for the walks; each direction's h_prev after them
-                _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp, with_h=False)
-                _initial_grads(call, dr.k, dr.dh, dr.dc)
+                if not st.dense:  # else the walks read c_prev where it is saved
+                    _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp, with_h=False)
+                _initial_grads(call, dr)
                 w_hh = _c(call.params[dims.index(layer, dr.k % 2, W_HH)], cd, cv)  # [4H, H]
-                pair.append(_backward_walk(dr, w_hh, st, 2))
-            walks.backward_walk_pair(pair[0], pair[1], dy is not None, st.ns, st.offsets, need_dh)
+                pair.append(_backward_walk(call, dr, w_hh, st))
+            flags = (need_dh, st.dense, with_db)
+            walks.backward_walk_pair(pair[0], pair[1], dy is not None, st.ns, st.offsets, flags)
         dx_parts: list[np.ndarray] = []
         # dense steps: dx's rows are the [T, B] rows of the layer below's dy (or of the result)
         dx_rows = None
@@ -571,10 +583,10 @@ def lstm_backward(
                 if cd != dtype:
                     for n_, s in enumerate(call.saved):
                         half.assign(acts_buf[n_], s[dr.k], cv)
-                c_packed = plan.walk or not st.dense  # else _walk_back reads c_prev in place
+                c_packed = not st.dense  # else the steps read c_prev where it is saved
                 if need_dw or c_packed:
                     _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp, need_dw, c_packed)
-                _initial_grads(call, dr.k, dr.dh, dr.dc)
+                _initial_grads(call, dr)
                 w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd, cv)  # [4H, H]
                 _walk_back(call, plan, gemm, st, w_hh, dr, dy is not None)
             elif need_dw:  # this direction's h_prev (the directions share hp)

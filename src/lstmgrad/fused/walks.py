@@ -91,8 +91,11 @@ class BackwardWalk(NamedTuple):
     s_f: np.ndarray
     s_o: np.ndarray
     s_tc: np.ndarray
-    cp: np.ndarray  # [N, H] packed c_prev
+    s_c: np.ndarray  # [T, B, H] saved c: c_prev of dense steps
+    c0: np.ndarray  # [B, H] initial c, C-contiguous
+    cp: np.ndarray  # [N, H] packed c_prev (steps with fewer than B rows)
     dg: np.ndarray  # [N, 4H] gate gradients, written
+    db: np.ndarray  # [B, 4H] per-row bias gradients, accumulated (with_db)
     order: np.ndarray  # [T] walk order (the reverse of the forward's)
 
 
@@ -115,12 +118,15 @@ def forward_walk_pair(walk0, walk1, ns, offsets):  # pragma: no cover
 
 @_jit
 def backward_walk(
-    dy, has_dy, dh, dc, w, s_i, s_g, s_f, s_o, s_tc, cp, dg, ns, offsets, order, need_last
+    dy, has_dy, dh, dc, w, s_i, s_g, s_f, s_o, s_tc, s_c, c0, cp, dg, db, ns, offsets, order, flags
 ):  # pragma: no cover
     """The backward's step loop of one (layer, direction): per step t (in ``order``, the
     reverse of the forward's), kernels.backward_step into dg's rows of the step, then dh[:n] =
-    dG @ w (w [4H, H] C-contiguous: W_hh), skipped after the last step unless ``need_last``
-    (it only feeds dh_prev)."""
+    dG @ w (w [4H, H] C-contiguous: W_hh), skipped after the last step unless it is wanted
+    (it only feeds dh_prev). ``flags``: (need_last, dense, with_db); dense steps read c_prev
+    where it is saved (the step before in the forward's order, c0 for the first), others from
+    cp, packed."""
+    need_last, dense, with_db = flags
     steps = order.shape[0]
     for q in range(steps):
         t = order[q]
@@ -128,30 +134,36 @@ def backward_walk(
         off = offsets[t]
         if n == 0:
             continue
+        if not dense:
+            c_prev = cp[off : off + n]
+        elif q + 1 < steps:
+            c_prev = s_c[order[q + 1]]
+        else:
+            c_prev = c0
         backward_step(
             dy[t if has_dy else 0], has_dy, dh, dc, s_i[t], s_g[t], s_f[t], s_o[t], s_tc[t],
-            cp[off : off + n], dg[off : off + n], n,
+            c_prev, dg[off : off + n], n, db, with_db,
         )  # fmt: skip
         if q < steps - 1 or need_last:
             matmul_into(dg[off : off + n], w, dh[:n])
 
 
 @_jit
-def backward_walk_of(w, has_dy, ns, offsets, need_last):  # pragma: no cover
+def backward_walk_of(w, has_dy, ns, offsets, flags):  # pragma: no cover
     """:func:`backward_walk` of one direction given as a :class:`BackwardWalk`."""
-    backward_walk(w.dy, has_dy, w.dh, w.dc, w.w, w.s_i, w.s_g, w.s_f, w.s_o, w.s_tc, w.cp, w.dg,
-                  ns, offsets, w.order, need_last)  # fmt: skip
+    backward_walk(w.dy, has_dy, w.dh, w.dc, w.w, w.s_i, w.s_g, w.s_f, w.s_o, w.s_tc, w.s_c,
+                  w.c0, w.cp, w.dg, w.db, ns, offsets, w.order, flags)  # fmt: skip
 
 
 @_parallel
-def backward_walk_pair(walk0, walk1, has_dy, ns, offsets, need_last):  # pragma: no cover
+def backward_walk_pair(walk0, walk1, has_dy, ns, offsets, flags):  # pragma: no cover
     """:func:`backward_walk` of the two directions (:class:`BackwardWalk` each) on two
     threads."""
     for d in prange(2):
         if d == 0:
-            backward_walk_of(walk0, has_dy, ns, offsets, need_last)
+            backward_walk_of(walk0, has_dy, ns, offsets, flags)
         else:
-            backward_walk_of(walk1, has_dy, ns, offsets, need_last)
+            backward_walk_of(walk1, has_dy, ns, offsets, flags)
 
 
 # Rows split over ``parts`` threads: a step's gate maths on ``parts`` blocks of the batch's
@@ -189,16 +201,18 @@ def forward_step_split(
 
 @_parallel
 def backward_step_split(
-    dy, has_dy, dh, dc, s_i, s_g, s_f, s_o, s_tc, c_prev, dg, n, parts
+    dy, has_dy, dh, dc, s_i, s_g, s_f, s_o, s_tc, c_prev, dg, n, db, with_db, parts
 ):  # pragma: no cover
     """:func:`kernels.backward_step` on ``parts`` threads, active rows in blocks of
-    ceil(n / parts) (dy: any array without has_dy, as there)."""
+    ceil(n / parts) (dy: any array without has_dy, as there; each row's db on the thread of
+    its row)."""
     for q in prange(parts):
         lo, hi = _block(n, parts, q)
         if hi > lo:
             backward_step(
                 dy[lo:hi], has_dy, dh[lo:hi], dc[lo:hi], s_i[lo:hi], s_g[lo:hi],
                 s_f[lo:hi], s_o[lo:hi], s_tc[lo:hi], c_prev[lo:hi], dg[lo:hi], hi - lo,
+                db[lo:hi], with_db,
             )  # fmt: skip
 
 
