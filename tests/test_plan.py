@@ -241,6 +241,30 @@ def test_close_passes_get_more_rounds(monkeypatch):
     assert calls[1] == calls[2] == 1 + rounds + 1
 
 
+@pytest.mark.parametrize("loop_dropped", [False, True])
+def test_walks_not_timed_where_their_product_was_dropped(monkeypatch, loop_dropped):
+    """The walks run the "loop" method's product: where the recurrent measurements dropped it
+    (inf: over 3x the best), the passes do not time walks or pair walks; otherwise they do."""
+    call = float("inf") if loop_dropped else 2e-6
+    times = {"blas": {"prep": {"1": 0.0}, "call": 1e-6}, "loop": {"prep": {"1": 0.0}, "call": call}}
+    monkeypatch.setattr(tune, "_recurrent_times", lambda *args: times)
+    monkeypatch.setattr(tune, "_split_min", lambda *args: 4)
+    timed: list[str] = []
+
+    def passes(shape, kind, candidates):
+        timed.extend(candidates)
+        return {name: 1.0 for name in candidates}
+
+    monkeypatch.setattr(tune, "_pass_times", passes)
+    monkeypatch.setattr("lstmgrad.fused.walks.pairs_available", lambda: True)
+    monkeypatch.setattr("lstmgrad.fused.walks.parallel_threads", lambda: 2)
+    cls = plan.step_class(TINY_BI, np.dtype(np.float32), "numpy")
+    tune.measure_steps(cls, NUMPY_GEMM)
+    walks = {"walk", "pairs"}
+    assert {"one", "split"} <= set(timed)
+    assert walks.isdisjoint(timed) if loop_dropped else walks <= set(timed)
+
+
 def test_measured_on_a_busy_machine_kept_for_this_process_only(store, monkeypatch):
     monkeypatch.setattr(plan, "machine_busy", lambda: True)
     got = plan.plan_for(TINY, np.dtype(np.float32), NUMPY_GEMM)

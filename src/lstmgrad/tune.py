@@ -10,7 +10,8 @@ Two classes of shapes are measured, each the first time a call needs it, and sto
   over enough steps), the step kernels on one thread and split over the available threads (the
   smallest step where the split pays), and short forward + backward passes of the engine on
   each arrangement (one thread, each direction's whole step loop in one Numba call, split
-  steps, both directions walking at once), in the context where threads may fight (the
+  steps, both directions walking at once; the walks only where their product, the "loop"
+  method's, was not dropped as over 3x the best), in the context where threads may fight (the
   library's GEMMs between the kernels).
 
 Each measurement is bounded: a candidate slower than 3x the best so far is dropped after its
@@ -411,16 +412,18 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
         "fwd_rec": choose_recurrent(rec["fwd"], _STEPS),
         "bwd_rec": choose_recurrent(rec["bwd"], _STEPS),
     }
-    candidates: dict[str, dict[str, Any]] = {
-        "one": {**fields, "threads": 1},
-        "walk": {**fields, "threads": 1, "walk": True},  # no library call per step
-    }
+    # the walks' product is the "loop" method's: where it was dropped (over 3x the best
+    # library's product, itself on all threads), neither a walk nor a pair of them can win
+    walks_may_win = all(rec[k].get("loop", {}).get("call", np.inf) < np.inf for k in rec)
+    candidates: dict[str, dict[str, Any]] = {"one": {**fields, "threads": 1}}
+    if walks_may_win:
+        candidates["walk"] = {**fields, "threads": 1, "walk": True}  # no library call per step
     if threads > 1:
         split_min = _split_min(b, h, cd, threads)
         # timed alone the split kernels can lose where, between the library's products, they
         # win: the passes judge it, splitting full steps at least
         candidates["split"] = {**fields, "threads": threads, "split_min": min(split_min, b * h)}
-        if d == 2:
+        if d == 2 and walks_may_win:
             candidates["pairs"] = {**fields, "threads": threads, "pair_walks": True,
                                    "split_min": split_min}  # fmt: skip
     seconds: dict[str, float] = {}
