@@ -126,6 +126,7 @@ class _FourThreadGemm:
     kind = "numpy"
     product_methods = staticmethod(NUMPY_GEMM.product_methods)
     fixed_methods = staticmethod(NUMPY_GEMM.fixed_methods)
+    walk_gemm = staticmethod(NUMPY_GEMM.walk_gemm)
 
     @staticmethod
     def threads() -> int:
@@ -241,28 +242,42 @@ def test_close_passes_get_more_rounds(monkeypatch):
     assert calls[1] == calls[2] == 1 + rounds + 1
 
 
-@pytest.mark.parametrize("loop_dropped", [False, True])
-def test_walks_not_timed_where_their_product_was_dropped(monkeypatch, loop_dropped):
-    """The walks run the "loop" method's product: where the recurrent measurements dropped it
-    (inf: over 3x the best), the passes do not time walks or pair walks; otherwise they do."""
-    call = float("inf") if loop_dropped else 2e-6
-    times = {"blas": {"prep": {"1": 0.0}, "call": 1e-6}, "loop": {"prep": {"1": 0.0}, "call": call}}
+@pytest.mark.parametrize("walk_slow", [False, True])
+def test_walk_product_chosen_and_walks_not_timed_where_they_cannot_win(monkeypatch, walk_slow):
+    """The walks' recurrent product is the faster of the measured ways (here the library's);
+    where even it takes over 3x the best library product (on all threads), the passes do not
+    time walks or pair walks; otherwise they do, with that product."""
+    times = {"blas": {"prep": {"1": 0.0}, "call": 1e-6}}
+    walk = {"loop": 9e-6, "library": 7e-6 if walk_slow else 3e-6}  # best library pair: 2e-6
     monkeypatch.setattr(tune, "_recurrent_times", lambda *args: times)
+    monkeypatch.setattr(tune, "_walk_product_times", lambda *args: walk)
     monkeypatch.setattr(tune, "_split_min", lambda *args: 4)
-    timed: list[str] = []
+    timed: dict[str, dict] = {}
 
     def passes(shape, kind, candidates):
-        timed.extend(candidates)
+        timed.update(candidates)
         return {name: 1.0 for name in candidates}
 
     monkeypatch.setattr(tune, "_pass_times", passes)
     monkeypatch.setattr("lstmgrad.fused.walks.pairs_available", lambda: True)
     monkeypatch.setattr("lstmgrad.fused.walks.parallel_threads", lambda: 2)
     cls = plan.step_class(TINY_BI, np.dtype(np.float32), "numpy")
-    tune.measure_steps(cls, NUMPY_GEMM)
-    walks = {"walk", "pairs"}
+    entry = tune.measure_steps(cls, NUMPY_GEMM)
+    assert entry["plan"]["walk_product"] == "library"
     assert {"one", "split"} <= set(timed)
-    assert walks.isdisjoint(timed) if loop_dropped else walks <= set(timed)
+    walks = {"walk", "pairs"}
+    if walk_slow:
+        assert walks.isdisjoint(timed)
+    else:
+        assert walks <= set(timed)
+        assert all(timed[name]["walk_product"] == "library" for name in walks)
+
+
+def test_walk_product_falls_back_without_a_library_gemm():
+    """A plan asking for the library's product in the walks gets the Numba loop from a back
+    end with no GEMM to call (NumPy's)."""
+    wanted = Plan(walk=True, walk_product="library")
+    assert plan.feasible(wanted, TINY, np.float32, NUMPY_GEMM).walk_product == "loop"
 
 
 def test_measured_on_a_busy_machine_kept_for_this_process_only(store, monkeypatch):

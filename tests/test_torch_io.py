@@ -357,6 +357,22 @@ def test_gemm_products_against_float64(monkeypatch, lib, m, k, n):
             one = np.array(gemm.fixed(mat, method, m, 1)(a, out))
             check(one, want)
             assert np.array_equal(np.array(gemm.fixed(mat, method, m, 2)(a, out)), one)
+    # the walks' product: the library's own GEMM where it has one to call (torch with MKL and
+    # private ops allowed), on rows of a wider array as the walks pass them
+    from lstmgrad.fused.kernels import walk_product
+
+    for dtype in (np.float32, np.float64):
+        fn = gemm.walk_gemm(np.dtype(dtype))
+        if lib == "torch" and torch.backends.mkl.is_available():
+            assert fn != 0
+        elif lib != "torch":
+            assert fn == 0
+        wide = np.concatenate([a, a[:3]]).astype(dtype)  # rows 2 .. m + 1: a block of rows
+        got = np.full((m, n), np.nan, dtype)
+        walk_product(fn, wide[2 : m + 2], b.astype(dtype), got, np.zeros(8, np.int64))
+        want_d = wide[2 : m + 2].astype(np.float64) @ b.astype(np.float64)
+        tol = 1e-5 if dtype == np.float32 else 1e-12
+        assert np.abs(got - want_d).max() <= tol * np.abs(want_d).max()
 
 
 def test_lazy_negation_views_are_read_as_their_values():
@@ -429,6 +445,14 @@ def two_threads(monkeypatch):
         lstmgrad.plan.forget()
 
 
+def _record_results(monkeypatch, module, name):
+    """Wrap module.<name> so that the values its calls return are listed in the result."""
+    results: list = []
+    fn = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: (results.append(fn(*a)), results[-1])[1])
+    return results
+
+
 def _record_calls(monkeypatch, module, names):
     """Wrap module.<name> for each name so that its calls are listed (by name) in the result."""
     taken: list[str] = []
@@ -444,13 +468,19 @@ def _record_calls(monkeypatch, module, names):
 @pytest.mark.parametrize(
     "case", ["dense", "lengths-with-empty-steps", "no-dy", "dh-prev-off"]
 )  # fmt: skip
-def test_bidirectional_pair_walks(monkeypatch, two_threads, dtype, rtol, case):
-    """A plan's pair walks (both directions of a bidirectional layer at once, fused.walks):
-    taken, and equal to NumPy's path (one direction at a time through NumPy's BLAS) and to the
-    reference, with any batch sizes (empty steps included), without dy, and without dh_prev."""
-    from lstmgrad.fused import walks
+@pytest.mark.parametrize("walk_product", ["loop", "library"])
+def test_bidirectional_pair_walks(monkeypatch, two_threads, dtype, rtol, case, walk_product):
+    """A plan's pair walks (both directions of a bidirectional layer at once, fused.walks),
+    their recurrent products by the Numba loop or by torch's own GEMM: taken, and equal to
+    NumPy's path (one direction at a time through NumPy's BLAS) and to the reference, with any
+    batch sizes (empty steps included), without dy, and without dh_prev."""
+    from lstmgrad.fused import lstm, walks
+    from lstmgrad.tensors import TorchGemm
 
+    if walk_product == "library" and not TorchGemm().walk_gemm(dtype):
+        pytest.skip("this torch build exports no GEMM for the walks to call (no MKL)")
     taken = _record_calls(monkeypatch, walks, ("forward_walk_pair", "backward_walk_pair"))
+    fns = _record_results(monkeypatch, lstm, "_walk_gemm")
     t, b, i, h = 6, 4, 5, 7
     x, hx, params, dy, kw = make(dtype, num_layers=2, t=t, b=b, i=i, h=h)
     bs = None
@@ -458,7 +488,7 @@ def test_bidirectional_pair_walks(monkeypatch, two_threads, dtype, rtol, case):
         bs = np.array([4, 0, 3, 3, 0, 1], dtype=np.int64)
         x, dy = x.reshape(t * b, -1), dy.reshape(t * b, -1)
     fw_np = lstmgrad.lstm_forward(x, params, hx, bs, **kw)
-    with forced(pair_walks=True, threads=two_threads):
+    with forced(pair_walks=True, threads=two_threads, walk_product=walk_product):
         fw_t = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), tensors(bs), **kw)
     for got, want in zip(fw_t[:3], fw_np[:3], strict=True):
         assert_close(got, want, rtol)
@@ -468,9 +498,10 @@ def test_bidirectional_pair_walks(monkeypatch, two_threads, dtype, rtol, case):
     args = (x, hx, params, dy_arg, dh, None, *fw_np.saved[:7], bs)
     want = lstmgrad.lstm_backward(*args, output_mask=mask, **kw)
     ref = lstmgrad.lstm_backward(*args, output_mask=mask, impl="reference", **kw)
-    with forced(pair_walks=True, threads=two_threads):
+    with forced(pair_walks=True, threads=two_threads, walk_product=walk_product):
         got = lstmgrad.lstm_backward(*[tensors(a) for a in args], output_mask=mask, **kw)
     assert taken == ["forward_walk_pair"] * 2 + ["backward_walk_pair"] * 2  # 2 layers
+    assert len(fns) == 4 and all((fn != 0) == (walk_product == "library") for fn in fns)
     assert_backward_close(got, want, rtol)
     assert_backward_close(got, ref, max(rtol, 1e-5))
 
@@ -482,13 +513,22 @@ def test_bidirectional_pair_walks(monkeypatch, two_threads, dtype, rtol, case):
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
 @pytest.mark.parametrize("case", ["dense", "lengths-with-empty-steps", "no-dy", "dh-prev-off"])
 @pytest.mark.parametrize("kind", ["numpy", "tensors"])
-def test_whole_step_loops_in_one_call(monkeypatch, dtype, rtol, bidirectional, case, kind):
-    """A plan's walks (each direction's step loop in one Numba call, one thread): taken for
-    every layer and direction, equal to the reference, for every storage dtype, with any batch
-    sizes (empty steps included), without dy and without dh_prev."""
-    from lstmgrad.fused import walks
+@pytest.mark.parametrize("walk_product", ["loop", "library"])
+def test_whole_step_loops_in_one_call(monkeypatch, dtype, rtol, bidirectional, case, kind,
+                                      walk_product):  # fmt: skip
+    """A plan's walks (each direction's step loop in one Numba call, one thread), their
+    recurrent products by the Numba loop or by torch's own GEMM (NumPy inputs: the loop
+    whatever the plan asks): taken for every layer and direction, equal to the reference, for
+    every storage dtype, with any batch sizes (empty steps included), without dy and without
+    dh_prev."""
+    from lstmgrad.fused import lstm, walks
+    from lstmgrad.tensors import TorchGemm
 
+    library = walk_product == "library" and kind == "tensors"
+    if library and not TorchGemm().walk_gemm(lstmgrad.plan.compute_dtype(dtype)):
+        pytest.skip("this torch build exports no GEMM for the walks to call (no MKL)")
     taken = _record_calls(monkeypatch, walks, ("forward_walk_of", "backward_walk_of"))
+    fns = _record_results(monkeypatch, lstm, "_walk_gemm")
     t, b, i, h = 6, 4, 5, 7
     x, hx, params, dy, kw = make(dtype, num_layers=2, bidirectional=bidirectional, t=t, b=b,
                                  i=i, h=h)  # fmt: skip
@@ -498,7 +538,7 @@ def test_whole_step_loops_in_one_call(monkeypatch, dtype, rtol, bidirectional, c
         x, dy = x.reshape(t * b, -1), dy.reshape(t * b, -1)
     conv = tensors if kind == "tensors" else (lambda a: a)
     ref_fw = lstmgrad.lstm_forward(x, params, hx, bs, impl="reference", **kw)
-    with forced(walk=True, pair_walks=False):
+    with forced(walk=True, pair_walks=False, walk_product=walk_product):
         fw = lstmgrad.lstm_forward(conv(x), conv(params), conv(hx), conv(bs), **kw)
     for got, want in zip(fw[:3], ref_fw[:3], strict=True):
         got = got.numpy() if kind == "tensors" else got
@@ -510,10 +550,11 @@ def test_whole_step_loops_in_one_call(monkeypatch, dtype, rtol, bidirectional, c
     saved = [[a.numpy() for a in s] for s in fw.saved[:7]] if kind == "tensors" else fw.saved[:7]
     args = (x, hx, params, dy_arg, dh, None, *saved, bs)
     ref = lstmgrad.lstm_backward(*args, output_mask=mask, impl="reference", **kw)
-    with forced(walk=True, pair_walks=False):
+    with forced(walk=True, pair_walks=False, walk_product=walk_product):
         got = lstmgrad.lstm_backward(*[conv(a) for a in args], output_mask=mask, **kw)
     layers_dirs = 2 * (2 if bidirectional else 1)
     assert taken == ["forward_walk_of"] * layers_dirs + ["backward_walk_of"] * layers_dirs
+    assert len(fns) == 2 * layers_dirs and all((fn != 0) == library for fn in fns)
     for name in ("dx", "dh_prev", "dc_prev"):
         assert (getattr(got, name) is None) == (getattr(ref, name) is None), name
     pairs = [(got.dx, ref.dx), (got.dc_prev, ref.dc_prev), (got.dh_prev, ref.dh_prev)]

@@ -44,7 +44,10 @@ class Gemm(Protocol):
     ``threads()``: the threads the library's GEMMs use. ``convert(dst, src)``: ``dst[...] =
     src`` between float32 and float16 by the library itself, rounding as the engine's kernels
     (IEEE round to nearest even; :mod:`lstmgrad.fused.half`); False where it has no such
-    conversion for these arrays (the kernels then convert).
+    conversion for these arrays (the kernels then convert). ``walk_gemm(dtype)``: the address
+    of the library's own Fortran-convention GEMM for that compute dtype (sgemm_, dgemm_), which
+    the engine's one-call step loops (fused.walks) call on their own thread for the recurrent
+    product; 0 where there is none to call (the loops then multiply in Numba).
     """
 
     kind: str
@@ -64,6 +67,8 @@ class Gemm(Protocol):
     def threads(self) -> int: ...
 
     def convert(self, dst: np.ndarray, src: np.ndarray, /) -> bool: ...
+
+    def walk_gemm(self, dtype: np.dtype) -> int: ...
 
 
 _prepared: contextvars.ContextVar[tuple[list[np.ndarray], dict] | None] = contextvars.ContextVar(
@@ -208,6 +213,9 @@ class NumpyGemm:
 
     def convert(self, dst: np.ndarray, src: np.ndarray, /) -> bool:
         return False  # NumPy's own float16 conversion is slower than the engine's kernels
+
+    def walk_gemm(self, dtype: np.dtype) -> int:
+        return 0  # NumPy's BLAS starts threads of its own, which a walk's thread must not
 
 
 NUMPY_GEMM = NumpyGemm()

@@ -53,6 +53,9 @@ class Plan:
     loop in one Numba call (the recurrent methods are then unused); walk: each direction's step
     loop in one Numba call on one thread, recurrent product included (for layers so small that
     a library call per step costs more than its arithmetic; pair_walks take precedence);
+    walk_product: the recurrent product in those one-call step loops ("loop": the engine's
+    Numba loop; "library": the GEMM library's own routine called on the loop's thread, where
+    the back end has one to call, :meth:`Gemm.walk_gemm`);
     transpose_threads: threads of the transposing copy the "tn" and "nt" layouts make, of the
     recurrent weight's where its product's preparation makes one (:meth:`Gemm.fixed`), and of
     the float16 <-> float32 conversions of float16 storage (element-wise copies like it);
@@ -68,6 +71,7 @@ class Plan:
     split_min: int = 0
     pair_walks: bool = False
     walk: bool = False
+    walk_product: str = "loop"
     transpose_threads: int = 1
     convert: str = "kernels"
 
@@ -91,8 +95,10 @@ _forced: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
 BIG_METHODS = ("blas", "onednn")
 RECURRENT_METHODS = ("blas", "blas_t", "loop", "onednn", "packed", "mkl")
 CONVERSIONS = ("kernels", "library")
+WALK_PRODUCTS = ("loop", "library")
 _CHOICES = {"big": BIG_METHODS, "weight_grad": WEIGHT_GRAD_LAYOUTS, "fwd_rec": RECURRENT_METHODS,
-            "bwd_rec": RECURRENT_METHODS, "convert": CONVERSIONS}  # fmt: skip
+            "bwd_rec": RECURRENT_METHODS, "convert": CONVERSIONS,
+            "walk_product": WALK_PRODUCTS}  # fmt: skip
 
 
 def _checked(where: str, name: str, value: Any) -> Any:
@@ -273,7 +279,7 @@ def cache_dir() -> Path:
     return _cache_dir(_cache_env())
 
 
-WISDOM_FORMAT = 12
+WISDOM_FORMAT = 13
 """The version of what a measurement holds: a store written with other candidates (an older
 lstmgrad) is measured again rather than read."""
 
@@ -355,6 +361,7 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
         split_min=max(0, plan.split_min),
         pair_walks=pairs,
         walk=plan.walk and not pairs,
+        walk_product=plan.walk_product if gemm.walk_gemm(cd) else "loop",
         transpose_threads=allowed(plan.transpose_threads),
         convert=plan.convert if plan.convert in CONVERSIONS else "kernels",
     )

@@ -11,7 +11,9 @@ come back as tensors over the engine's result memory (zero copy again).
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import glob
 import os
 import sys
 from collections.abc import Callable
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .errors import LstmInvalidArgumentError
-from .fused.kernels import transposed
+from .fused.kernels import library_matmul, transposed
 from .gemm import FixedGemm, dense, loop_product, prepared, transposed_product
 from .machine import torch_threads
 
@@ -168,6 +170,34 @@ def _probe_mkl(torch: Any) -> bool:
     return all(torch.equal(mkl._mkl_linear(a, packed, w, None, 2), a @ w.t()) for a in rows_a)
 
 
+_WALK_GEMMS: dict[str, int] = {}  # compute dtype's name -> its GEMM's address (the probe's)
+
+
+@_once
+def _probe_walk_gemm(torch: Any) -> bool:
+    """Whether this torch build's own library (libtorch_cpu, where torch links MKL) exports the
+    Fortran GEMMs ``sgemm_`` and ``dgemm_`` and they compute small products right when the
+    engine's kernels call them (rows of a wider array included), checked once a process; their
+    addresses kept for :meth:`TorchGemm.walk_gemm`. Only torch's own library is searched: a
+    GEMM of another BLAS in the process would start a runtime of its own."""
+    if not torch.backends.mkl.is_available():
+        return False
+    path = sorted(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.*")))
+    lib = ctypes.CDLL(path[0])  # loaded already: the same handle
+    found = {}
+    for dtype, name in ((np.float32, "sgemm_"), (np.float64, "dgemm_")):
+        fn = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+        wide = np.arange(-9, 15, dtype=dtype).reshape(6, 4)  # small integers: exact products
+        a, b = wide[1:4, :3], np.arange(-6, 9, dtype=dtype).reshape(3, 5)
+        out = np.full((3, 5), np.nan, dtype)
+        library_matmul(fn, a, b, out, np.zeros(8, np.int64))
+        if not fn or not np.array_equal(out, a @ b):
+            return False
+        found[np.dtype(dtype).name] = fn
+    _WALK_GEMMS.update(found)
+    return True
+
+
 def _same_values(got: np.ndarray, want: np.ndarray) -> bool:
     """The same bits, a NaN for a NaN of the same sign (payloads may differ: NumPy's and the
     kernels' conversions keep a signalling NaN signalling, F16C quiets it)."""
@@ -212,7 +242,8 @@ class TorchGemm:
     where this torch build has them and LSTMGRAD_PRIVATE_OPS is not 0, "onednn" (oneDNN's
     linear, the kernel torch's own fused ops use) and "packed" (the same with the fixed weight
     reordered once for many calls); "mkl" (MKL's packed GEMM, the fixed weight packed once for
-    many calls) where this build has MKL and the same variable allows private ops.
+    many calls) where this build has MKL and the same variable allows private ops, which also
+    lets the step loops call MKL's GEMM on their own thread (:meth:`walk_gemm`).
     """
 
     kind = "torch"
@@ -222,6 +253,7 @@ class TorchGemm:
         self._torch = torch
         self._onednn = private_ops_allowed() and _probe_onednn(torch)
         self._mkl = private_ops_allowed() and _probe_mkl(torch)
+        self._walk_gemm = private_ops_allowed() and _probe_walk_gemm(torch)
 
     def product_methods(self, dtype: np.dtype) -> tuple[str, ...]:
         if self._onednn and np.dtype(dtype) == np.float32:
@@ -326,6 +358,9 @@ class TorchGemm:
 
     def threads(self) -> int:
         return torch_threads()
+
+    def walk_gemm(self, dtype: np.dtype) -> int:
+        return _WALK_GEMMS.get(np.dtype(dtype).name, 0) if self._walk_gemm else 0
 
     def convert(self, dst: np.ndarray, src: np.ndarray, /) -> bool:
         # torch's copy (vectorised, on its threads), where it rounds as the kernels do; NumPy

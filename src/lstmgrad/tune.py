@@ -283,6 +283,32 @@ def _recurrent_times(
     return times
 
 
+def _walk_product_times(gemm: Any, w_hh: np.ndarray, rows: int, cd: np.dtype) -> dict[str, float]:
+    """Seconds of a walk's two recurrent products (the forward's and the backward's, [rows, H]
+    x W_hh^T and [rows, 4H] x W_hh) on this thread: "loop" (the engine's Numba loop) and,
+    where the back end has one to call, "library" (its own GEMM: :meth:`Gemm.walk_gemm`)."""
+    from .fused.walks import walk_products
+
+    h = w_hh.shape[1]
+    rng = np.random.default_rng(5)
+    w_t, w = np.ascontiguousarray(w_hh.T), np.ascontiguousarray(w_hh)
+    a_fwd, a_bwd = _rand(rng, (rows, h), cd), _rand(rng, (rows, 4 * h), cd)
+    out_fwd, out_bwd = np.empty((rows, 4 * h), cd), np.empty((rows, h), cd)
+    fns = {"loop": 0, "library": gemm.walk_gemm(cd)}
+    times: dict[str, float] = {}
+    for name, fn in fns.items():
+        if name != "loop" and not fn:
+            continue
+
+        def run(reps: int, fn: int = fn) -> None:
+            walk_products(fn, a_fwd, w_t, out_fwd, a_bwd, w, out_bwd, reps)
+
+        one = _timed(functools.partial(run, 1), 1)  # compiles (warm-up), then one pair
+        reps = max(1, min(1000, int(1e-3 / max(one, 1e-9))))  # about a millisecond a run
+        times[name] = _timed(functools.partial(run, reps), 5) / reps
+    return times
+
+
 def choose_recurrent(times: dict[str, dict[str, Any]], steps: int, threads: int = 1) -> str:
     """The method with the least preparation (its transposing copy on ``threads`` threads; the
     slowest measured count where that one was not) + ``steps`` calls."""
@@ -412,9 +438,12 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
         "fwd_rec": choose_recurrent(rec["fwd"], _STEPS),
         "bwd_rec": choose_recurrent(rec["bwd"], _STEPS),
     }
-    # the walks' product is the "loop" method's: where it was dropped (over 3x the best
-    # library's product, itself on all threads), neither a walk nor a pair of them can win
-    walks_may_win = all(rec[k].get("loop", {}).get("call", np.inf) < np.inf for k in rec)
+    walk = _walk_product_times(gemm, w_hh, b, cd)
+    fields["walk_product"] = _best(walk)
+    # a walk's products on its one thread over 3x the best library's on all threads: neither
+    # a walk nor a pair of them can win
+    best = sum(min(times["call"] for times in rec[k].values()) for k in rec)
+    walks_may_win = walk[fields["walk_product"]] < 3 * best
     candidates: dict[str, dict[str, Any]] = {"one": {**fields, "threads": 1}}
     if walks_may_win:
         candidates["walk"] = {**fields, "threads": 1, "walk": True}  # no library call per step
@@ -443,8 +472,10 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
             "split_min": chosen.get("split_min", 0),
             "pair_walks": chosen.get("pair_walks", False),
             "walk": chosen.get("walk", False),
+            "walk_product": fields["walk_product"],
         },
         "recurrent": rec,
+        "walk_products": walk,
         "passes": seconds,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }

@@ -12,6 +12,9 @@ from typing import Any
 
 import numba
 import numpy as np
+from llvmlite import ir as llvmlite_ir
+from numba import types
+from numba.core.extending import intrinsic
 
 from .vmath import one, vsigmoid, vtanh
 
@@ -122,6 +125,60 @@ def matmul_into(a, b, out):  # pragma: no cover
         _four_rows(a, b, out, i)
     if m % 4:
         _four_rows(a, b, out, m - 4)
+
+
+@intrinsic
+def _fortran_gemm(typingctx, fn, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):  # pragma: no cover - compiled  # fmt: skip
+    """Calls the Fortran-convention GEMM (sgemm_ / dgemm_) at address ``fn``: every argument
+    an address (uintp), of the library's arguments in order. The address is an argument, not
+    a constant, so the kernels calling this stay cacheable across processes."""
+    if not all(isinstance(t, types.Integer) for t in (fn, ta, tb, m, n, k, alpha, a, lda, b,
+                                                      ldb, beta, c, ldc)):  # fmt: skip
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = llvmlite_ir.IntType(8).as_pointer()
+        fnty = llvmlite_ir.FunctionType(llvmlite_ir.VoidType(), [ptr] * 13)
+        callee = builder.inttoptr(args[0], fnty.as_pointer())
+        builder.call(callee, [builder.inttoptr(v, ptr) for v in args[1:]])
+        return context.get_dummy_value()
+
+    return types.none(fn, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), codegen
+
+
+@_jit
+def library_matmul(fn, a, b, out, ints):  # pragma: no cover
+    """out = a @ b by the library GEMM at address ``fn`` (sgemm_ for float32, dgemm_ for
+    float64: the caller's choice), on the calling thread's library settings; a's rows and b,
+    out C-contiguous rows (a may be a block of a wider array's rows). Row-major as the library's
+    column-major: out^T = b^T a^T. ``ints`` [8] int64 scratch: the integer arguments, stored
+    as 64 bits, so a library with 32-bit integers reads the same values (little-endian)."""
+    m, k = a.shape
+    n = b.shape[1]
+    scal = np.empty(2, out.dtype)  # alpha, beta
+    scal[0] = 1.0
+    scal[1] = 0.0
+    ints[0], ints[1], ints[2] = n, m, k
+    ints[3] = b.strides[0] // b.itemsize
+    ints[4] = a.strides[0] // a.itemsize
+    ints[5] = out.strides[0] // out.itemsize
+    ints[6] = 78  # "N": no transposition
+    _fortran_gemm(
+        fn, ints[6:].ctypes.data, ints[6:].ctypes.data, ints[0:].ctypes.data,
+        ints[1:].ctypes.data, ints[2:].ctypes.data, scal[0:].ctypes.data, b.ctypes.data,
+        ints[3:].ctypes.data, a.ctypes.data, ints[4:].ctypes.data, scal[1:].ctypes.data,
+        out.ctypes.data, ints[5:].ctypes.data,
+    )  # fmt: skip
+
+
+@_jit
+def walk_product(fn, a, b, out, ints):  # pragma: no cover
+    """out = a @ b for the walks' recurrent products: by the library GEMM at ``fn``
+    (:func:`library_matmul`) where it is not 0, else :func:`matmul_into`."""
+    if fn != 0:
+        library_matmul(fn, a, b, out, ints)
+    else:
+        matmul_into(a, b, out)
 
 
 @_jit

@@ -102,6 +102,12 @@ def _rounded(a: np.ndarray, dtype: np.dtype, threads: int = 1) -> np.ndarray:
     return a
 
 
+def _walk_gemm(plan: Plan, gemm: Gemm, cd: np.dtype) -> int:
+    """The one-call step loops' product (fused.walks): the library GEMM's address where the
+    plan says "library", 0 (the Numba loop) otherwise."""
+    return gemm.walk_gemm(cd) if plan.walk_product == "library" else 0
+
+
 def _forward_step(plan: Plan, hidden: int, gx, gh, bias, h, c, n, acts, y) -> None:  # type: ignore[no-untyped-def]
     """One step's gate maths (kernels.forward_step), its rows split over the plan's threads
     where the step is large enough."""
@@ -303,7 +309,7 @@ def lstm_forward(
                 if plan.pair_walks:
                     pair.append(walk)
                     continue
-                walks.forward_walk_of(walk, st.ns, st.offsets)
+                walks.forward_walk_of(walk, st.ns, st.offsets, _walk_gemm(plan, gemm, cd))
             else:
                 rec = gemm.fixed(w_hh.T, plan.fwd_rec, batch, plan.transpose_threads)  # h -> gh
                 for t, n, off in st.walks[d]:
@@ -318,7 +324,7 @@ def lstm_forward(
                         half.assign(saved[n_][k], a, cv)
                 half.assign(y[..., d * hidden : (d + 1) * hidden], y_d, cv)
         if pair:  # float32/float64 storage: the walks wrote saved and y themselves
-            walks.forward_walk_pair(pair[0], pair[1], st.ns, st.offsets)
+            walks.forward_walk_pair(pair[0], pair[1], st.ns, st.offsets, _walk_gemm(plan, gemm, cd))
             for d in range(2):
                 hy[layer * 2 + d], cy[layer * 2 + d] = h_buf[d], c_buf[d]
     result_saved = None
@@ -393,7 +399,8 @@ def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.
     if plan.walk:  # the whole step loop in one Numba call
         walk = _backward_walk(call, dr, w_hh, st)
         flags = (call.need[1], st.dense, dr.with_db)
-        walks.backward_walk_of(walk, has_dy, st.ns, st.offsets, flags)
+        fn = _walk_gemm(plan, gemm, dr.dg.dtype)
+        walks.backward_walk_of(walk, has_dy, st.ns, st.offsets, flags, fn)
         return
     rec = gemm.fixed(w_hh, plan.bwd_rec, call.dims.B, plan.transpose_threads)  # dG -> dh
     # dense steps read c_prev where it is saved; otherwise from dr.cp, gathered packed
@@ -571,7 +578,8 @@ def lstm_backward(
                 w_hh = _c(call.params[dims.index(layer, dr.k % 2, W_HH)], cd, cv)  # [4H, H]
                 pair.append(_backward_walk(call, dr, w_hh, st))
             flags = (need_dh, st.dense, with_db)
-            walks.backward_walk_pair(pair[0], pair[1], dy is not None, st.ns, st.offsets, flags)
+            fn = _walk_gemm(plan, gemm, cd)
+            walks.backward_walk_pair(pair[0], pair[1], dy is not None, st.ns, st.offsets, flags, fn)
         dx_parts: list[np.ndarray] = []
         # dense steps: dx's rows are the [T, B] rows of the layer below's dy (or of the result)
         dx_rows = None

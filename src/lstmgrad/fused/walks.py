@@ -17,7 +17,8 @@ pool of threads spinning against torch's.
 
 Each walk is one (layer, direction)'s step loop, in the walk ``order`` (0..T-1 for the forward
 direction, T-1..0 for the reverse), with the recurrent product in :func:`kernels.matmul_into`
-and the gate maths in the per-step kernels; variable lengths as in the engine (step t: rows
+(or the GEMM library's own, called on the walk's thread: :func:`kernels.walk_product`) and the
+gate maths in the per-step kernels; variable lengths as in the engine (step t: rows
 < ns[t], packed at offsets[t]).
 """
 
@@ -32,7 +33,7 @@ import numpy as np
 from numba import prange
 
 from .half import round_to_half, to_float_table, to_half
-from .kernels import backward_step, forward_step, jit, matmul_into, transpose_region
+from .kernels import backward_step, forward_step, jit, transpose_region, walk_product
 from .kernels import transpose_cols as _transpose_cols
 
 _jit = jit()  # the kernels' own flags
@@ -41,16 +42,18 @@ _parallel = jit(parallel=True)
 
 @_jit
 def forward_walk(
-    gx, w_t, bias, h, c, gh, ns, offsets, order, s_i, s_g, s_f, s_o, s_h, s_c, s_tc, y
+    gx, w_t, bias, h, c, gh, ns, offsets, order, s_i, s_g, s_f, s_o, s_h, s_c, s_tc, y, fn
 ):  # pragma: no cover
     """The forward's step loop of one (layer, direction): per step t, gh = h[:n] @ w_t (w_t
-    [H, 4H] C-contiguous: W_hh^T) and kernels.forward_step on gx's rows of the step."""
+    [H, 4H] C-contiguous: W_hh^T; kernels.walk_product, by the library GEMM at address ``fn``
+    where it is not 0) and kernels.forward_step on gx's rows of the step."""
+    ints = np.empty(8, np.int64)
     for q in range(order.shape[0]):
         t = order[q]
         n = ns[t]
         off = offsets[t]
         if n > 0:
-            matmul_into(h[:n], w_t, gh[:n])
+            walk_product(fn, h[:n], w_t, gh[:n], ints)
         forward_step(
             gx[off : off + n], gh, bias, h, c, n,
             s_i[t], s_g[t], s_f[t], s_o[t], s_h[t], s_c[t], s_tc[t], y[t],
@@ -100,34 +103,41 @@ class BackwardWalk(NamedTuple):
 
 
 @_jit
-def forward_walk_of(w, ns, offsets):  # pragma: no cover
+def forward_walk_of(w, ns, offsets, fn):  # pragma: no cover
     """:func:`forward_walk` of one direction given as a :class:`ForwardWalk`."""
     forward_walk(w.gx, w.w_t, w.bias, w.h, w.c, w.gh, ns, offsets, w.order,
-                 w.s_i, w.s_g, w.s_f, w.s_o, w.s_h, w.s_c, w.s_tc, w.y)  # fmt: skip
+                 w.s_i, w.s_g, w.s_f, w.s_o, w.s_h, w.s_c, w.s_tc, w.y, fn)  # fmt: skip
 
 
 @_parallel
-def forward_walk_pair(walk0, walk1, ns, offsets):  # pragma: no cover
-    """:func:`forward_walk` of the two directions (:class:`ForwardWalk` each) on two threads."""
+def forward_walk_pair(walk0, walk1, ns, offsets, fn):  # pragma: no cover
+    """:func:`forward_walk` of the two directions (:class:`ForwardWalk` each) on two threads
+    (a library GEMM called within runs on its calling thread alone: the library sees the
+    parallel region)."""
     for d in prange(2):
         if d == 0:
-            forward_walk_of(walk0, ns, offsets)
+            forward_walk_of(walk0, ns, offsets, fn)
         else:
-            forward_walk_of(walk1, ns, offsets)
+            forward_walk_of(walk1, ns, offsets, fn)
 
 
+# fmt: off
 @_jit
 def backward_walk(
-    dy, has_dy, dh, dc, w, s_i, s_g, s_f, s_o, s_tc, s_c, c0, cp, dg, db, ns, offsets, order, flags
+    dy, has_dy, dh, dc, w, s_i, s_g, s_f, s_o, s_tc, s_c, c0, cp, dg, db, ns, offsets, order,
+    flags, fn
 ):  # pragma: no cover
+    # fmt: on
     """The backward's step loop of one (layer, direction): per step t (in ``order``, the
     reverse of the forward's), kernels.backward_step into dg's rows of the step, then dh[:n] =
-    dG @ w (w [4H, H] C-contiguous: W_hh), skipped after the last step unless it is wanted
-    (it only feeds dh_prev). ``flags``: (need_last, dense, with_db); dense steps read c_prev
+    dG @ w (w [4H, H] C-contiguous: W_hh; kernels.walk_product with ``fn`` as in
+    :func:`forward_walk`), skipped after the last step unless it is wanted (it only feeds
+    dh_prev). ``flags``: (need_last, dense, with_db); dense steps read c_prev
     where it is saved (the step before in the forward's order, c0 for the first), others from
     cp, packed."""
     need_last, dense, with_db = flags
     steps = order.shape[0]
+    ints = np.empty(8, np.int64)
     for q in range(steps):
         t = order[q]
         n = ns[t]
@@ -145,25 +155,36 @@ def backward_walk(
             c_prev, dg[off : off + n], n, db, with_db,
         )  # fmt: skip
         if q < steps - 1 or need_last:
-            matmul_into(dg[off : off + n], w, dh[:n])
+            walk_product(fn, dg[off : off + n], w, dh[:n], ints)
 
 
 @_jit
-def backward_walk_of(w, has_dy, ns, offsets, flags):  # pragma: no cover
+def backward_walk_of(w, has_dy, ns, offsets, flags, fn):  # pragma: no cover
     """:func:`backward_walk` of one direction given as a :class:`BackwardWalk`."""
     backward_walk(w.dy, has_dy, w.dh, w.dc, w.w, w.s_i, w.s_g, w.s_f, w.s_o, w.s_tc, w.s_c,
-                  w.c0, w.cp, w.dg, w.db, ns, offsets, w.order, flags)  # fmt: skip
+                  w.c0, w.cp, w.dg, w.db, ns, offsets, w.order, flags, fn)  # fmt: skip
 
 
 @_parallel
-def backward_walk_pair(walk0, walk1, has_dy, ns, offsets, flags):  # pragma: no cover
+def backward_walk_pair(walk0, walk1, has_dy, ns, offsets, flags, fn):  # pragma: no cover
     """:func:`backward_walk` of the two directions (:class:`BackwardWalk` each) on two
-    threads."""
+    threads (a library GEMM within as in :func:`forward_walk_pair`)."""
     for d in prange(2):
         if d == 0:
-            backward_walk_of(walk0, has_dy, ns, offsets, flags)
+            backward_walk_of(walk0, has_dy, ns, offsets, flags, fn)
         else:
-            backward_walk_of(walk1, has_dy, ns, offsets, flags)
+            backward_walk_of(walk1, has_dy, ns, offsets, flags, fn)
+
+
+@_jit
+def walk_products(fn, a_fwd, w_t, out_fwd, a_bwd, w, out_bwd, reps):  # pragma: no cover
+    """``reps`` times a forward walk's and a backward walk's recurrent product
+    (kernels.walk_product with ``fn``), one after the other as in the walks: what the tuner
+    times to choose a walk's product."""
+    ints = np.empty(8, np.int64)
+    for _ in range(reps):
+        walk_product(fn, a_fwd, w_t, out_fwd, ints)
+        walk_product(fn, a_bwd, w, out_bwd, ints)
 
 
 # Rows split over ``parts`` threads: a step's gate maths on ``parts`` blocks of the batch's
