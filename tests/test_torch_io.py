@@ -359,7 +359,7 @@ def test_gemm_products_against_float64(monkeypatch, lib, m, k, n):
             assert np.array_equal(np.array(gemm.fixed(mat, method, m, 2)(a, out)), one)
     # the walks' product: the library's own GEMM where it has one to call (torch with MKL and
     # private ops allowed), on rows of a wider array as the walks pass them
-    from lstmgrad.fused.kernels import walk_product
+    from lstmgrad.fused.kernels import gemm_scratch, walk_product
 
     for dtype in (np.float32, np.float64):
         fn = gemm.walk_gemm(np.dtype(dtype))
@@ -369,7 +369,7 @@ def test_gemm_products_against_float64(monkeypatch, lib, m, k, n):
             assert fn == 0
         wide = np.concatenate([a, a[:3]]).astype(dtype)  # rows 2 .. m + 1: a block of rows
         got = np.full((m, n), np.nan, dtype)
-        walk_product(fn, wide[2 : m + 2], b.astype(dtype), got, np.zeros(8, np.int64))
+        walk_product(fn, wide[2 : m + 2], b.astype(dtype), got, *gemm_scratch(got))
         want_d = wide[2 : m + 2].astype(np.float64) @ b.astype(np.float64)
         tol = 1e-5 if dtype == np.float32 else 1e-12
         assert np.abs(got - want_d).max() <= tol * np.abs(want_d).max()

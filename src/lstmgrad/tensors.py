@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .errors import LstmInvalidArgumentError
-from .fused.kernels import library_matmul, transposed
+from .fused.kernels import gemm_scratch, library_matmul, transposed
 from .gemm import FixedGemm, dense, loop_product, prepared, transposed_product
 from .machine import torch_threads
 
@@ -187,11 +187,13 @@ def _probe_walk_gemm(torch: Any) -> bool:
     found = {}
     for dtype, name in ((np.float32, "sgemm_"), (np.float64, "dgemm_")):
         fn = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+        if not fn:
+            return False
         wide = np.arange(-9, 15, dtype=dtype).reshape(6, 4)  # small integers: exact products
         a, b = wide[1:4, :3], np.arange(-6, 9, dtype=dtype).reshape(3, 5)
         out = np.full((3, 5), np.nan, dtype)
-        library_matmul(fn, a, b, out, np.zeros(8, np.int64))
-        if not fn or not np.array_equal(out, a @ b):
+        library_matmul(fn, a, b, out, *gemm_scratch(out))
+        if not np.array_equal(out, a @ b):
             return False
         found[np.dtype(dtype).name] = fn
     _WALK_GEMMS.update(found)

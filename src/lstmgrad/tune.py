@@ -10,8 +10,9 @@ Two classes of shapes are measured, each the first time a call needs it, and sto
   over enough steps), the step kernels on one thread and split over the available threads (the
   smallest step where the split pays), and short forward + backward passes of the engine on
   each arrangement (one thread, each direction's whole step loop in one Numba call, split
-  steps, both directions walking at once; the walks only where their product, the "loop"
-  method's, was not dropped as over 3x the best), in the context where threads may fight (the
+  steps, both directions walking at once; the walks only where their recurrent product, by
+  the Numba loop or the library's own routine, whichever is faster on one thread, takes under
+  3x the best library product on all threads), in the context where threads may fight (the
   library's GEMMs between the kernels).
 
 Each measurement is bounded: a candidate slower than 3x the best so far is dropped after its

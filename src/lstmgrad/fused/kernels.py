@@ -147,17 +147,23 @@ def _fortran_gemm(typingctx, fn, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c
 
 
 @_jit
-def library_matmul(fn, a, b, out, ints):  # pragma: no cover
+def gemm_scratch(like):  # pragma: no cover
+    """The argument memory of :func:`library_matmul`, made once per step loop: ``ints`` [8]
+    int64 (the integer arguments, stored as 64 bits, so a library with 32-bit integers reads
+    the same values, little-endian) and ``alpha_beta`` [2] in ``like``'s dtype (1 and 0)."""
+    alpha_beta = np.zeros(2, like.dtype)
+    alpha_beta[0] = 1.0
+    return np.empty(8, np.int64), alpha_beta
+
+
+@_jit
+def library_matmul(fn, a, b, out, ints, alpha_beta):  # pragma: no cover
     """out = a @ b by the library GEMM at address ``fn`` (sgemm_ for float32, dgemm_ for
     float64: the caller's choice), on the calling thread's library settings; a's rows and b,
     out C-contiguous rows (a may be a block of a wider array's rows). Row-major as the library's
-    column-major: out^T = b^T a^T. ``ints`` [8] int64 scratch: the integer arguments, stored
-    as 64 bits, so a library with 32-bit integers reads the same values (little-endian)."""
+    column-major: out^T = b^T a^T. ``ints``, ``alpha_beta``: :func:`gemm_scratch`'s."""
     m, k = a.shape
     n = b.shape[1]
-    scal = np.empty(2, out.dtype)  # alpha, beta
-    scal[0] = 1.0
-    scal[1] = 0.0
     ints[0], ints[1], ints[2] = n, m, k
     ints[3] = b.strides[0] // b.itemsize
     ints[4] = a.strides[0] // a.itemsize
@@ -165,18 +171,19 @@ def library_matmul(fn, a, b, out, ints):  # pragma: no cover
     ints[6] = 78  # "N": no transposition
     _fortran_gemm(
         fn, ints[6:].ctypes.data, ints[6:].ctypes.data, ints[0:].ctypes.data,
-        ints[1:].ctypes.data, ints[2:].ctypes.data, scal[0:].ctypes.data, b.ctypes.data,
-        ints[3:].ctypes.data, a.ctypes.data, ints[4:].ctypes.data, scal[1:].ctypes.data,
+        ints[1:].ctypes.data, ints[2:].ctypes.data, alpha_beta[0:].ctypes.data, b.ctypes.data,
+        ints[3:].ctypes.data, a.ctypes.data, ints[4:].ctypes.data, alpha_beta[1:].ctypes.data,
         out.ctypes.data, ints[5:].ctypes.data,
     )  # fmt: skip
 
 
 @_jit
-def walk_product(fn, a, b, out, ints):  # pragma: no cover
+def walk_product(fn, a, b, out, ints, alpha_beta):  # pragma: no cover
     """out = a @ b for the walks' recurrent products: by the library GEMM at ``fn``
-    (:func:`library_matmul`) where it is not 0, else :func:`matmul_into`."""
+    (:func:`library_matmul`, its scratch from :func:`gemm_scratch`) where it is not 0, else
+    :func:`matmul_into`."""
     if fn != 0:
-        library_matmul(fn, a, b, out, ints)
+        library_matmul(fn, a, b, out, ints, alpha_beta)
     else:
         matmul_into(a, b, out)
 

@@ -33,7 +33,7 @@ import numpy as np
 from numba import prange
 
 from .half import round_to_half, to_float_table, to_half
-from .kernels import backward_step, forward_step, jit, transpose_region, walk_product
+from .kernels import backward_step, forward_step, gemm_scratch, jit, transpose_region, walk_product
 from .kernels import transpose_cols as _transpose_cols
 
 _jit = jit()  # the kernels' own flags
@@ -47,13 +47,13 @@ def forward_walk(
     """The forward's step loop of one (layer, direction): per step t, gh = h[:n] @ w_t (w_t
     [H, 4H] C-contiguous: W_hh^T; kernels.walk_product, by the library GEMM at address ``fn``
     where it is not 0) and kernels.forward_step on gx's rows of the step."""
-    ints = np.empty(8, np.int64)
+    ints, alpha_beta = gemm_scratch(gh)
     for q in range(order.shape[0]):
         t = order[q]
         n = ns[t]
         off = offsets[t]
         if n > 0:
-            walk_product(fn, h[:n], w_t, gh[:n], ints)
+            walk_product(fn, h[:n], w_t, gh[:n], ints, alpha_beta)
         forward_step(
             gx[off : off + n], gh, bias, h, c, n,
             s_i[t], s_g[t], s_f[t], s_o[t], s_h[t], s_c[t], s_tc[t], y[t],
@@ -137,7 +137,7 @@ def backward_walk(
     cp, packed."""
     need_last, dense, with_db = flags
     steps = order.shape[0]
-    ints = np.empty(8, np.int64)
+    ints, alpha_beta = gemm_scratch(dh)
     for q in range(steps):
         t = order[q]
         n = ns[t]
@@ -155,7 +155,7 @@ def backward_walk(
             c_prev, dg[off : off + n], n, db, with_db,
         )  # fmt: skip
         if q < steps - 1 or need_last:
-            walk_product(fn, dg[off : off + n], w, dh[:n], ints)
+            walk_product(fn, dg[off : off + n], w, dh[:n], ints, alpha_beta)
 
 
 @_jit
@@ -181,10 +181,10 @@ def walk_products(fn, a_fwd, w_t, out_fwd, a_bwd, w, out_bwd, reps):  # pragma: 
     """``reps`` times a forward walk's and a backward walk's recurrent product
     (kernels.walk_product with ``fn``), one after the other as in the walks: what the tuner
     times to choose a walk's product."""
-    ints = np.empty(8, np.int64)
+    ints, alpha_beta = gemm_scratch(out_fwd)
     for _ in range(reps):
-        walk_product(fn, a_fwd, w_t, out_fwd, ints)
-        walk_product(fn, a_bwd, w, out_bwd, ints)
+        walk_product(fn, a_fwd, w_t, out_fwd, ints, alpha_beta)
+        walk_product(fn, a_bwd, w, out_bwd, ints, alpha_beta)
 
 
 # Rows split over ``parts`` threads: a step's gate maths on ``parts`` blocks of the batch's
