@@ -254,8 +254,9 @@ def test_walk_product_chosen_and_walks_not_timed_where_they_cannot_win(monkeypat
     monkeypatch.setattr(tune, "_split_min", lambda *args: 4)
     timed: dict[str, dict] = {}
 
-    def passes(shape, kind, candidates):
+    def passes(shape, kind, candidates, phase_seconds=None):
         timed.update(candidates)
+        phase_seconds.update({name: [0.5, 0.5] for name in candidates})
         return {name: 1.0 for name in candidates}
 
     monkeypatch.setattr(tune, "_pass_times", passes)
@@ -271,6 +272,73 @@ def test_walk_product_chosen_and_walks_not_timed_where_they_cannot_win(monkeypat
     else:
         assert walks <= set(timed)
         assert all(timed[name]["walk_product"] == "library" for name in walks)
+
+
+@pytest.mark.parametrize("block_fast", [False, True])
+def test_row_walks_timed_where_a_block_product_beats_the_library(monkeypatch, block_fast):
+    """One direction, two threads: the row-block walks are a candidate only where the walk's
+    product of one block's rows (B / threads) on its thread takes less than the library's
+    product of all rows on all threads."""
+    times = {"blas": {"prep": {"1": 0.0}, "call": 1e-6}}  # best library pair: 2e-6
+
+    def walk_times(gemm, w_hh, rows, cd):  # whole batch 3e-6 (may win), a block as asked
+        if rows == TINY.B:
+            return {"loop": 3e-6}
+        return {"loop": 1.5e-6 if block_fast else 2.5e-6}
+
+    monkeypatch.setattr(tune, "_recurrent_times", lambda *args: times)
+    monkeypatch.setattr(tune, "_walk_product_times", walk_times)
+    monkeypatch.setattr(tune, "_split_min", lambda *args: 4)
+    timed: dict[str, dict] = {}
+
+    def passes(shape, kind, candidates, phase_seconds=None):
+        timed.update(candidates)
+        phase_seconds.update({name: [0.5, 0.5] for name in candidates})
+        return {name: 1.0 for name in candidates}
+
+    monkeypatch.setattr(tune, "_pass_times", passes)
+    monkeypatch.setattr("lstmgrad.fused.walks.pairs_available", lambda: True)
+    monkeypatch.setattr("lstmgrad.fused.walks.parallel_threads", lambda: 2)
+    tune.measure_steps(plan.step_class(TINY, np.dtype(np.float32), "numpy"), NUMPY_GEMM)
+    assert ("rows" in timed) == block_fast
+    if block_fast:
+        assert timed["rows"]["walk"] and timed["rows"]["walk_rows"] == 2
+    assert "pairs" not in timed  # one direction
+
+
+def test_arrangement_by_call_length_and_phase():
+    """The arrangement is chosen for the call's length from the passes' per-phase seconds: the
+    library's recurrent weight preparation (paid once a direction) makes the walks win short
+    calls and lose long ones; a walking candidate's backward may go with the forward of the
+    candidate without walks on as many threads (fwd_walk False)."""
+    rec = {
+        "fwd": {"mkl": {"prep": {"1": 0.010}, "call": 1e-4}},
+        "bwd": {"mkl": {"prep": {"1": 0.010}, "call": 1e-4}},
+    }
+    base = {"fwd_rec": "mkl", "bwd_rec": "mkl"}
+    candidates = {
+        "one": {**base, "threads": 1},
+        "split": {**base, "threads": 2, "split_min": 64},
+        "rows": {**base, "threads": 2, "walk": True, "walk_rows": 2},
+    }
+    # passes of 10 steps, one direction: "split" 10 ms of preparation + 10 ms a phase,
+    # "rows" 25 ms a phase walking (2.5 ms a step against split's 1 ms)
+    phases = {"one": [0.030, 0.030], "split": [0.020, 0.020], "rows": [0.025, 0.025]}
+    arrangement = {"candidates": candidates, "phases": phases, "steps": 10, "D": 1}
+    assert tune._arrangement(arrangement, rec, 5)["walk"]  # 12.5 ms against 15 ms a phase
+    long = tune._arrangement(arrangement, rec, 100)  # 250 ms against 110 ms a phase
+    assert not long.get("walk") and long["threads"] == 2
+    # the walk's forward slower, its backward faster: its backward with split's forward
+    phases["rows"] = [0.040, 0.012]
+    mixed = tune._arrangement(arrangement, rec, 10)
+    assert mixed["walk"] and mixed["fwd_walk"] is False
+    assert (mixed["threads"], mixed["split_min"]) == (2, 64)
+    entry = {"plan": {"threads": 1, "split_min": 0, "pair_walks": False, "walk": False,
+                      "walk_product": "loop", "walk_rows": 1, "fwd_walk": True},
+             "recurrent": rec, "arrangement": arrangement}  # fmt: skip
+    fields = tune.step_fields(entry, 10)
+    assert fields["walk"] and fields["walk_rows"] == 2 and fields["fwd_walk"] is False
+    assert tune._arrangement({**arrangement, "phases": {}}, rec, 10) == candidates["one"]
 
 
 def test_walk_product_falls_back_without_a_library_gemm():

@@ -479,7 +479,7 @@ def test_bidirectional_pair_walks(monkeypatch, two_threads, dtype, rtol, case, w
 
     if walk_product == "library" and not TorchGemm().walk_gemm(dtype):
         pytest.skip("this torch build exports no GEMM for the walks to call (no MKL)")
-    taken = _record_calls(monkeypatch, walks, ("forward_walk_pair", "backward_walk_pair"))
+    taken = _record_calls(monkeypatch, walks, ("forward_walk_parts", "backward_walk_parts"))
     fns = _record_results(monkeypatch, lstm, "_walk_gemm")
     t, b, i, h = 6, 4, 5, 7
     x, hx, params, dy, kw = make(dtype, num_layers=2, t=t, b=b, i=i, h=h)
@@ -500,7 +500,7 @@ def test_bidirectional_pair_walks(monkeypatch, two_threads, dtype, rtol, case, w
     ref = lstmgrad.lstm_backward(*args, output_mask=mask, impl="reference", **kw)
     with forced(pair_walks=True, threads=two_threads, walk_product=walk_product):
         got = lstmgrad.lstm_backward(*[tensors(a) for a in args], output_mask=mask, **kw)
-    assert taken == ["forward_walk_pair"] * 2 + ["backward_walk_pair"] * 2  # 2 layers
+    assert taken == ["forward_walk_parts"] * 2 + ["backward_walk_parts"] * 2  # 2 layers
     assert len(fns) == 4 and all((fn != 0) == (walk_product == "library") for fn in fns)
     assert_backward_close(got, want, rtol)
     assert_backward_close(got, ref, max(rtol, 1e-5))
@@ -566,6 +566,88 @@ def test_whole_step_loops_in_one_call(monkeypatch, dtype, rtol, bidirectional, c
         assert np.abs(g - w).max() <= 2 * rtol * max(np.abs(w).max(), 1e-30)
 
 
+@pytest.mark.parametrize(
+    "dtype,rtol", [(np.float64, 1e-12), (np.float32, 2e-5), (np.float16, 4e-3)],
+    ids=["f64", "f32", "f16"],
+)  # fmt: skip
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("case", ["dense", "lengths-with-empty-steps", "no-dy"])
+@pytest.mark.parametrize("fwd_walk", [True, False], ids=["both-walk", "backward-walks"])
+def test_row_block_walks(monkeypatch, two_threads, dtype, rtol, bidirectional, case, fwd_walk):
+    """A plan's walks with each direction's batch rows in two blocks, each on a thread of its
+    own (fused.walks.forward_walk_parts / backward_walk_parts; with fwd_walk False the forward
+    calls the library per step instead): taken with two row blocks covering the batch, equal to
+    the reference for every storage dtype, with any batch sizes (rows of a block idle at some
+    steps, empty steps) and without dy."""
+    from lstmgrad.fused import walks
+
+    parts: list = []
+    for name in ("forward_walk_parts", "backward_walk_parts"):
+        fn = getattr(walks, name)
+        monkeypatch.setattr(walks, name, lambda *a, _f=fn, _n=name: (
+            parts.append((_n, a[2].tolist())), _f(*a))[1])  # fmt: skip
+    t, b, i, h = 6, 5, 4, 7
+    x, hx, params, dy, kw = make(dtype, num_layers=2, bidirectional=bidirectional, t=t, b=b,
+                                 i=i, h=h)  # fmt: skip
+    bs = None
+    if case == "lengths-with-empty-steps":
+        bs = np.array([5, 0, 4, 2, 0, 1], dtype=np.int64)
+        x, dy = x.reshape(t * b, -1), dy.reshape(t * b, -1)
+    fields = dict(walk=True, pair_walks=False, walk_rows=two_threads, fwd_walk=fwd_walk)
+    ref_fw = lstmgrad.lstm_forward(x, params, hx, bs, impl="reference", **kw)
+    with forced(**fields):
+        fw = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), tensors(bs), **kw)
+    for got, want in zip(fw[:3], ref_fw[:3], strict=True):
+        scale = np.abs(want.astype(np.float64)).max()
+        assert np.abs(got.numpy().astype(np.float64) - want).max() <= 2 * rtol * scale
+    dy_arg = None if case == "no-dy" else dy
+    dh = hx[0] if case == "no-dy" else None  # some gradient must flow
+    saved = [[a.numpy() for a in s] for s in fw.saved[:7]]
+    args = (x, hx, params, dy_arg, dh, None, *saved, bs)
+    ref = lstmgrad.lstm_backward(*args, impl="reference", **kw)
+    with forced(**fields):
+        got = lstmgrad.lstm_backward(*[tensors(a) for a in args], **kw)
+    walked = 2 * (2 if bidirectional else 1)  # layers x directions, each in two row blocks
+    names = ["forward_walk_parts"] * (walked if fwd_walk else 0) + ["backward_walk_parts"] * walked
+    assert [name for name, _ in parts] == names
+    for _, blocks in parts:  # one walk's rows [0, b) in two non-empty consecutive blocks
+        assert [blk[0] for blk in blocks] == [0, 0]
+        assert blocks[0][1] == 0 and blocks[0][2] == blocks[1][1] and blocks[1][2] == b
+        assert 0 < blocks[0][2] < b
+    pairs = [(got.dx, ref.dx), (got.dc_prev, ref.dc_prev), (got.dh_prev, ref.dh_prev)]
+    for g, w in pairs + list(zip(got.dparams, ref.dparams, strict=True)):
+        g, w = g.numpy().astype(np.float64), np.asarray(w, dtype=np.float64)
+        assert np.abs(g - w).max() <= 2 * rtol * max(np.abs(w).max(), 1e-30)
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 3, 8])
+@pytest.mark.parametrize("walks_n", [1, 2])
+@pytest.mark.parametrize(
+    "ns", [[8] * 5, [8, 8, 6, 3, 1], [1, 8, 0, 2, 5], [0, 0, 0], [3]], ids=str
+)  # fmt: skip
+def test_walk_parts_cover_the_rows_in_balanced_blocks(ns, walks_n, blocks):
+    """walk_parts: per walk, consecutive non-empty blocks covering [0, B) (fewer blocks than
+    asked where B has fewer rows), each holding its share of the active row-steps to within
+    one row's."""
+    from lstmgrad.fused.walks import walk_parts
+
+    ns_a = np.array(ns, dtype=np.int64)
+    batch = 8 if max(ns) > 3 or ns == [0, 0, 0] else 3
+    got = walk_parts(ns_a, batch, walks_n, blocks)
+    per_walk = min(blocks, batch) if batch else 1
+    assert got.shape == (walks_n * per_walk, 3) and got.dtype == np.int64
+    steps_of_row = [(ns_a > r).sum() for r in range(batch)]  # independent of the searchsorted
+    for w in range(walks_n):
+        mine = got[got[:, 0] == w]
+        assert mine[0, 1] == 0 and mine[-1, 2] == batch
+        assert all(mine[k, 2] == mine[k + 1, 1] for k in range(len(mine) - 1))
+        if batch:
+            assert all(lo < hi for _, lo, hi in mine)
+            work = [sum(steps_of_row[lo:hi]) for _, lo, hi in mine]
+            share = sum(steps_of_row) / per_walk
+            assert all(abs(wk - share) <= max(steps_of_row) for wk in work), work
+
+
 def _pair_output(queue=None):
     if queue is not None:  # a forked child: one torch thread, as DataLoader workers take
         torch.set_num_threads(1)
@@ -588,9 +670,9 @@ def test_pair_walks_off_in_a_forked_child(monkeypatch, two_threads):
 
     from lstmgrad.fused import walks
 
-    taken = _record_calls(monkeypatch, walks, ("forward_walk_pair",))
+    taken = _record_calls(monkeypatch, walks, ("forward_walk_parts",))
     want = _pair_output()
-    assert taken == ["forward_walk_pair"]
+    assert taken == ["forward_walk_parts"]
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     child = ctx.Process(target=_pair_output, args=(queue,), daemon=True)
@@ -621,7 +703,7 @@ def test_two_thread_paths_from_concurrent_threads(monkeypatch, two_threads, size
 
     from lstmgrad.fused import walks
 
-    paths = ("forward_walk_pair", "backward_walk_pair", "forward_step_split",
+    paths = ("forward_walk_parts", "backward_walk_parts", "forward_step_split",
              "backward_step_split")  # fmt: skip
     taken = _record_calls(monkeypatch, walks, paths)
     x, hx, params, dy, kw = make(np.float32, num_layers=2, **size)

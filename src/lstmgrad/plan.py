@@ -55,7 +55,11 @@ class Plan:
     a library call per step costs more than its arithmetic; pair_walks take precedence);
     walk_product: the recurrent product in those one-call step loops ("loop": the engine's
     Numba loop; "library": the GEMM library's own routine called on the loop's thread, where
-    the back end has one to call, :meth:`Gemm.walk_gemm`);
+    the back end has one to call, :meth:`Gemm.walk_gemm`); walk_rows: the blocks of batch rows
+    each direction's one-call step loop splits into, each block walking on a thread of its own
+    (with walk or pair_walks; a row's steps do not depend on the other rows); fwd_walk: the
+    forward walks too (False: only the backward does, the forward calls the library per step
+    as fwd_rec, threads and split_min say);
     transpose_threads: threads of the transposing copy the "tn" and "nt" layouts make, of the
     recurrent weight's where its product's preparation makes one (:meth:`Gemm.fixed`), and of
     the float16 <-> float32 conversions of float16 storage (element-wise copies like it);
@@ -72,6 +76,8 @@ class Plan:
     pair_walks: bool = False
     walk: bool = False
     walk_product: str = "loop"
+    walk_rows: int = 1
+    fwd_walk: bool = True
     transpose_threads: int = 1
     convert: str = "kernels"
 
@@ -110,13 +116,13 @@ def _checked(where: str, name: str, value: Any) -> Any:
         if value not in _CHOICES[name]:
             raise ValueError(f"{where}: {name} must be one of {_CHOICES[name]}, got {value!r}")
         return value
-    if name in ("pair_walks", "walk"):
+    if name in ("pair_walks", "walk", "fwd_walk"):
         if isinstance(value, str):
             if value.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
                 raise ValueError(f"{where}: {name} must be true or false, got {value!r}")
             return value.lower() in ("1", "true", "yes", "on")
         return bool(value)
-    least = 1 if name == "threads" else 0
+    least = 1 if name in ("threads", "walk_rows") else 0
     try:
         number = int(value)
     except (TypeError, ValueError):
@@ -279,7 +285,7 @@ def cache_dir() -> Path:
     return _cache_dir(_cache_env())
 
 
-WISDOM_FORMAT = 13
+WISDOM_FORMAT = 14
 """The version of what a measurement holds: a store written with other candidates (an older
 lstmgrad) is measured again rather than read."""
 
@@ -339,8 +345,9 @@ def _recurrent(method: str, gemm: Any, cd: np.dtype) -> str:
 
 def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     """``plan`` with whatever this call and process cannot run replaced by the safe choice:
-    methods the back end lacks for the dtype, more threads than available now, pair walks of a
-    one-direction layer or of float16 storage (its activations pass through one scratch)."""
+    methods the back end lacks for the dtype, more threads than available now (the walks' parts
+    included), pair walks of a one-direction layer or of float16 storage (its activations pass
+    through one scratch)."""
     from .fused.walks import parallel_threads
 
     cd = compute_dtype(dtype)
@@ -352,6 +359,11 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
 
     threads = allowed(plan.threads)
     pairs = plan.pair_walks and dims.D == 2 and cd == np.dtype(dtype) and threads >= 2
+    walk = plan.walk and not pairs
+    walk_rows = 1
+    if pairs or walk:  # a thread per part: per direction of a pair, per block of rows
+        dirs = 2 if pairs else 1
+        walk_rows = max(1, min(plan.walk_rows, allowed(plan.walk_rows * dirs) // dirs))
     return Plan(
         big=big,
         weight_grad=layout,
@@ -360,8 +372,10 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
         threads=threads,
         split_min=max(0, plan.split_min),
         pair_walks=pairs,
-        walk=plan.walk and not pairs,
+        walk=walk,
         walk_product=plan.walk_product if gemm.walk_gemm(cd) else "loop",
+        walk_rows=walk_rows,
+        fwd_walk=plan.fwd_walk,
         transpose_threads=allowed(plan.transpose_threads),
         convert=plan.convert if plan.convert in CONVERSIONS else "kernels",
     )

@@ -10,10 +10,11 @@ Two classes of shapes are measured, each the first time a call needs it, and sto
   over enough steps), the step kernels on one thread and split over the available threads (the
   smallest step where the split pays), and short forward + backward passes of the engine on
   each arrangement (one thread, each direction's whole step loop in one Numba call, split
-  steps, both directions walking at once; the walks only where their recurrent product, by
-  the Numba loop or the library's own routine, whichever is faster on one thread, takes under
-  3x the best library product on all threads), in the context where threads may fight (the
-  library's GEMMs between the kernels).
+  steps, blocks of each direction's rows walking at once, both directions walking at once
+  (with blocks of rows where there are more threads than directions); the walks only where
+  their recurrent product, by the Numba loop or the library's own routine, whichever is faster
+  on one thread, takes under 3x the best library product on all threads), in the context where
+  threads may fight (the library's GEMMs between the kernels).
 
 Each measurement is bounded: a candidate slower than 3x the best so far is dropped after its
 first run. Compilation (Numba's first call) is kept out of the timings by a warm-up run.
@@ -22,6 +23,7 @@ first run. Compilation (Numba's first call) is kept out of the timings by a warm
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import time
 from collections.abc import Callable
@@ -358,8 +360,8 @@ def _split_min(b: int, h: int, cd: np.dtype, parts: int) -> int:
     return split_min
 
 
-def _pass_times(dims_args: dict[str, Any], kind: str,
-                candidates: dict[str, dict[str, Any]]) -> dict[str, float]:  # fmt: skip
+def _pass_times(dims_args: dict[str, Any], kind: str, candidates: dict[str, dict[str, Any]],
+                phase_seconds: dict[str, list[float]] | None = None) -> dict[str, float]:  # fmt: skip
     """Least seconds of one forward + backward of the engine on random data per candidate
     (fields forced), the candidates taking turns for :data:`_PASS_ROUNDS` rounds so that a
     drift of the machine's speed reaches them alike, each timed run after an untimed one of
@@ -367,7 +369,8 @@ def _pass_times(dims_args: dict[str, Any], kind: str,
     one whose first run took over three times the best first run. Candidates still within
     :data:`_CLOSE` of the best take up to :data:`_PASS_ROUNDS` more rounds among themselves:
     on a machine whose speed varies, one lucky run would otherwise decide a close call, and
-    the decision is kept on disk."""
+    the decision is kept on disk. ``phase_seconds`` gets, per candidate not dropped, the least
+    seconds of its forward and of its backward."""
     from . import api, plan
 
     t, b, i, h, d = (dims_args[k] for k in "TBIHD")
@@ -388,19 +391,29 @@ def _pass_times(dims_args: dict[str, Any], kind: str,
         params = [torch.from_numpy(p) for p in params]
         hx = [torch.from_numpy(a) for a in hx]
     bidir = d == 2
+    phases = [0.0, 0.0]  # the last run's forward and backward seconds
 
     def run() -> None:
+        t0 = time.perf_counter()
         fw = api.lstm_forward(x, params, hx, bidirectional=bidir)
+        t1 = time.perf_counter()
         s: Any = fw.saved
         api.lstm_backward(x, hx, params, dy, None, None, s.i, s.g, s.f, s.o, s.h, s.c,
                           s.tanhc, bidirectional=bidir)  # fmt: skip
+        phases[:] = [t1 - t0, time.perf_counter() - t1]
+
+    def timed(name: str) -> float:  # each phase's least seconds kept apart too
+        with plan.forced(**candidates[name]):
+            total = _timed(run, 1, warm=True)
+        split[name] = [min(a, b) for a, b in zip(split.get(name, phases), phases, strict=True)]
+        return total
 
     token = calibrating.set(True)
+    split: dict[str, list[float]] = {}
     try:
         seconds: dict[str, float] = {}
-        for name, fields in candidates.items():  # warm: compiles, allocates, first plans
-            with plan.forced(**fields):
-                seconds[name] = _timed(run, 1, warm=True)
+        for name in candidates:  # warm: compiles, allocates, first plans
+            seconds[name] = timed(name)
         first = min(seconds.values())
         alive = [name for name, t in seconds.items() if t <= 3 * first]
         seconds = {name: (t if name in alive else float("inf")) for name, t in seconds.items()}
@@ -411,8 +424,9 @@ def _pass_times(dims_args: dict[str, Any], kind: str,
                 if len(alive) < 2:
                     break
             for name in alive:  # each timed run after one of its own, as in a training loop
-                with plan.forced(**candidates[name]):
-                    seconds[name] = min(seconds[name], _timed(run, 1, warm=True))
+                seconds[name] = min(seconds[name], timed(name))
+        if phase_seconds is not None:
+            phase_seconds.update({n: split[n] for n, t in seconds.items() if t != float("inf")})
         return seconds
     finally:
         calibrating.reset(token)
@@ -453,10 +467,22 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
         # timed alone the split kernels can lose where, between the library's products, they
         # win: the passes judge it, splitting full steps at least
         candidates["split"] = {**fields, "threads": threads, "split_min": min(split_min, b * h)}
-        if d == 2 and walks_may_win:
+        # one direction's rows in blocks, a thread each, where a block's products on its thread
+        # take less than the library's of all rows on all threads (the parts share the CPU's
+        # caches and memory: a close call in the passes is lost in a long run)
+        block = -(-b // threads)
+        if d == 1 and walks_may_win and b > 1:
+            in_block = _walk_product_times(gemm, w_hh, block, cd)[fields["walk_product"]]
+            if in_block < best:
+                candidates["rows"] = {**fields, "threads": threads, "walk": True,
+                                      "walk_rows": threads}  # fmt: skip
+        if d == 2 and walks_may_win:  # more threads than directions: blocks of rows too
             candidates["pairs"] = {**fields, "threads": threads, "pair_walks": True,
-                                   "split_min": split_min}  # fmt: skip
+                                   "split_min": split_min,
+                                   "walk_rows": max(1, min(b, threads // 2))}  # fmt: skip
     seconds: dict[str, float] = {}
+    phases: dict[str, list[float]] = {}
+    steps = 0
     if len(candidates) > 1:
         # the step loops are what the candidates change: a narrow input keeps the big products
         # from dominating (but as in a model: a 16-wide one misjudged small-2), and a short
@@ -464,16 +490,19 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
         step = rec["fwd"][fields["fwd_rec"]]["call"] + rec["bwd"][fields["bwd_rec"]]["call"]
         steps = max(3, min(_STEPS, int(_PASS_SECONDS / max(step, 1e-9))))
         shape = {"T": steps, "B": b, "I": min(h, _PASS_INPUT), "H": h, "D": d, "dtype": str(cd)}
-        seconds = _pass_times(shape, cls["kind"], candidates)
-    choice = _best(seconds) if seconds else "one"
-    chosen = candidates[choice]
+        seconds = _pass_times(shape, cls["kind"], candidates, phases)
+    arrangement = {"candidates": candidates, "phases": phases, "steps": steps, "D": d}
+    chosen = _arrangement(arrangement, rec, _STEPS)
     return {
+        "arrangement": arrangement,
         "plan": {
             "threads": chosen["threads"],
             "split_min": chosen.get("split_min", 0),
             "pair_walks": chosen.get("pair_walks", False),
             "walk": chosen.get("walk", False),
             "walk_product": fields["walk_product"],
+            "walk_rows": chosen.get("walk_rows", 1),
+            "fwd_walk": chosen.get("fwd_walk", True),
         },
         "recurrent": rec,
         "walk_products": walk,
@@ -482,11 +511,51 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     }
 
 
+def _arrangement(arrangement: dict[str, Any], rec: dict[str, Any], steps: int) -> dict[str, Any]:
+    """The fields of the candidate with the least forward + backward seconds at ``steps``
+    steps, from the passes' phases ([forward, backward] seconds per candidate timed, at
+    arrangement["steps"] steps): a phase that calls the library per step pays its recurrent
+    weight's preparation once a direction and the rest per step, a walking phase per step
+    only. A walking candidate may also keep its backward's walks and run its forward as the
+    candidate without walks on as many threads does ("split", else "one"): the library's
+    packed product can beat the walk's plain GEMM in the forward while the backward's walks
+    win."""
+    candidates, phases = arrangement["candidates"], arrangement["phases"]
+    if not phases:
+        return candidates["one"]
+    scale = steps / max(arrangement["steps"], 1)
+
+    def at_steps(fields: dict[str, Any], phase: int, seconds: float) -> float:
+        walks = fields.get("walk", False) or fields.get("pair_walks", False)
+        if walks and (phase == 1 or fields.get("fwd_walk", True)):
+            return seconds * scale
+        times = rec["fwd" if phase == 0 else "bwd"][fields["fwd_rec" if phase == 0 else "bwd_rec"]]
+        prep = arrangement["D"] * times["prep"]["1"]  # the passes copy on one thread
+        return prep + max(seconds - prep, 0.0) * scale
+
+    best: tuple[float, dict[str, Any]] = (float("inf"), candidates["one"])
+    for name, (fwd, bwd) in phases.items():
+        fields = candidates[name]
+        total = at_steps(fields, 0, fwd) + at_steps(fields, 1, bwd)
+        best = min(best, (total, fields), key=lambda pair: pair[0])
+        alt = "split" if fields["threads"] > 1 and "split" in phases else "one"
+        if (fields.get("walk") or fields.get("pair_walks")) and alt in phases:
+            mixed = {**fields, "fwd_walk": False, "threads": candidates[alt]["threads"],
+                     "split_min": candidates[alt].get("split_min", 0)}  # fmt: skip
+            total = at_steps(mixed, 0, phases[alt][0]) + at_steps(fields, 1, bwd)
+            best = min(best, (total, mixed), key=lambda pair: pair[0])
+    return best[1]
+
+
 def step_fields(entry: dict[str, Any], steps: int, threads: int = 1) -> dict[str, Any]:
     """The plan fields of a step-loop entry for a call of ``steps`` steps whose transposing
     copies run on ``threads`` threads (the plan's transpose_threads)."""
     fields = dict(entry["plan"])
     rec = entry.get("recurrent", {})
+    if "arrangement" in entry:  # the thread arrangement for this many steps
+        chosen = _arrangement(entry["arrangement"], rec, steps)
+        fields.update({k: chosen.get(k, v) for k, v in dataclasses.asdict(SAFE).items()
+                       if k in fields})  # fmt: skip
     if rec:
         fields["fwd_rec"] = choose_recurrent(rec["fwd"], steps, threads)
         fields["bwd_rec"] = choose_recurrent(rec["bwd"], steps, threads)

@@ -108,6 +108,12 @@ def _walk_gemm(plan: Plan, gemm: Gemm, cd: np.dtype) -> int:
     return gemm.walk_gemm(cd) if plan.walk_product == "library" else 0
 
 
+def _parts(plan: Plan, st: _Steps, batch: int) -> np.ndarray:
+    """The parts of the plan's parallel walks (fused.walks.walk_parts): per direction of a
+    pair, its batch rows in plan.walk_rows blocks."""
+    return walks.walk_parts(st.ns, batch, 2 if plan.pair_walks else 1, plan.walk_rows)
+
+
 def _forward_step(plan: Plan, hidden: int, gx, gh, bias, h, c, n, acts, y) -> None:  # type: ignore[no-untyped-def]
     """One step's gate maths (kernels.forward_step), its rows split over the plan's threads
     where the step is large enough."""
@@ -303,13 +309,18 @@ def lstm_forward(
             else:
                 acts = tuple(acts_buf)
                 y_d = layer_in[..., d * hidden : (d + 1) * hidden]  # free once xp is packed
-            if plan.pair_walks or plan.walk:  # the whole step loop in one Numba call
+            if plan.fwd_walk and (plan.pair_walks or plan.walk):  # the step loop in one call
                 w_t = kernels.transposed(w_hh)  # [H, 4H]
                 walk = walks.ForwardWalk._make((gx, w_t, bias, h, c, gh, st.orders[d], *acts, y_d))
                 if plan.pair_walks:
                     pair.append(walk)
                     continue
-                walks.forward_walk_of(walk, st.ns, st.offsets, _walk_gemm(plan, gemm, cd))
+                fn = _walk_gemm(plan, gemm, cd)
+                if plan.walk_rows > 1:  # blocks of rows on threads of their own
+                    walks.forward_walk_parts(walk, walk, _parts(plan, st, batch), st.ns,
+                                             st.offsets, fn)  # fmt: skip
+                else:
+                    walks.forward_walk_of(walk, st.ns, st.offsets, fn, 0, batch)
             else:
                 rec = gemm.fixed(w_hh.T, plan.fwd_rec, batch, plan.transpose_threads)  # h -> gh
                 for t, n, off in st.walks[d]:
@@ -324,7 +335,8 @@ def lstm_forward(
                         half.assign(saved[n_][k], a, cv)
                 half.assign(y[..., d * hidden : (d + 1) * hidden], y_d, cv)
         if pair:  # float32/float64 storage: the walks wrote saved and y themselves
-            walks.forward_walk_pair(pair[0], pair[1], st.ns, st.offsets, _walk_gemm(plan, gemm, cd))
+            walks.forward_walk_parts(pair[0], pair[1], _parts(plan, st, batch), st.ns,
+                                     st.offsets, _walk_gemm(plan, gemm, cd))  # fmt: skip
             for d in range(2):
                 hy[layer * 2 + d], cy[layer * 2 + d] = h_buf[d], c_buf[d]
     result_saved = None
@@ -400,7 +412,11 @@ def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.
         walk = _backward_walk(call, dr, w_hh, st)
         flags = (call.need[1], st.dense, dr.with_db)
         fn = _walk_gemm(plan, gemm, dr.dg.dtype)
-        walks.backward_walk_of(walk, has_dy, st.ns, st.offsets, flags, fn)
+        if plan.walk_rows > 1:  # blocks of rows on threads of their own
+            walks.backward_walk_parts(walk, walk, _parts(plan, st, call.dims.B), has_dy, st.ns,
+                                      st.offsets, flags, fn)  # fmt: skip
+        else:
+            walks.backward_walk_of(walk, has_dy, st.ns, st.offsets, flags, fn, 0, call.dims.B)
         return
     rec = gemm.fixed(w_hh, plan.bwd_rec, call.dims.B, plan.transpose_threads)  # dG -> dh
     # dense steps read c_prev where it is saved; otherwise from dr.cp, gathered packed
@@ -579,7 +595,8 @@ def lstm_backward(
                 pair.append(_backward_walk(call, dr, w_hh, st))
             flags = (need_dh, st.dense, with_db)
             fn = _walk_gemm(plan, gemm, cd)
-            walks.backward_walk_pair(pair[0], pair[1], dy is not None, st.ns, st.offsets, flags, fn)
+            walks.backward_walk_parts(pair[0], pair[1], _parts(plan, st, batch), dy is not None,
+                                      st.ns, st.offsets, flags, fn)  # fmt: skip
         dx_parts: list[np.ndarray] = []
         # dense steps: dx's rows are the [T, B] rows of the layer below's dy (or of the result)
         dx_rows = None

@@ -1,12 +1,14 @@
 """The fused engine's multi-threaded parts, on Numba's OpenMP threading layer: whole step loops
-in Numba for the two directions of a bidirectional layer at once, step kernels with their
-rows split over several threads, the weight gradient's transposing copy and the float16
+in Numba, several at once (the directions of a layer, blocks of its batch rows), step kernels
+with their rows split over several threads, the weight gradient's transposing copy and the float16
 conversions.
 
-On small models the per-step GEMM call dominates, and a direction's steps depend on each
-other, so the one parallelism left is the two directions: each walks its whole step loop in
-one Numba call, recurrent product included (:func:`forward_walk_pair`,
-:func:`backward_walk_pair`). Larger models keep their recurrent product in the GEMM library,
+On small models the per-step GEMM call dominates. A direction's steps depend on each other,
+but not its batch rows: a row's gate maths and its row of the recurrent product read that row
+alone. So each walk runs a whole step loop, recurrent product included, in one Numba call, and
+walks run at once on several threads, one per part: the two directions of a bidirectional
+layer, blocks of the batch's rows, or both (:func:`forward_walk_parts`,
+:func:`backward_walk_parts`). Larger models keep their recurrent product in the GEMM library,
 one step at a time, and run each step's gate maths with its rows split over threads
 (:func:`forward_step_split`, :func:`backward_step_split`). The execution plan
 (lstmgrad.plan) decides which runs, from measurements taken between the GEMM library's calls
@@ -15,11 +17,13 @@ threads wait for); these run only where Numba's layer is GNU OpenMP, the runtime
 (:func:`pairs_available`): another layer, or an LLVM or Intel OpenMP runtime, would keep a
 pool of threads spinning against torch's.
 
-Each walk is one (layer, direction)'s step loop, in the walk ``order`` (0..T-1 for the forward
-direction, T-1..0 for the reverse), with the recurrent product in :func:`kernels.matmul_into`
-(or the GEMM library's own, called on the walk's thread: :func:`kernels.walk_product`) and the
-gate maths in the per-step kernels; variable lengths as in the engine (step t: rows
-< ns[t], packed at offsets[t]).
+Each walk is one (layer, direction)'s step loop on a block of batch rows, in the walk ``order``
+(0..T-1 for the forward direction, T-1..0 for the reverse), with the recurrent product in
+:func:`kernels.matmul_into` (or the GEMM library's own, called on the walk's thread:
+:func:`kernels.walk_product`) and the gate maths in the per-step kernels; variable lengths as
+in the engine (step t: rows < ns[t], packed at offsets[t]). A row's gate maths are the same
+whatever the blocks; its product row is the same with the Numba loop, and may differ in the
+last bits with the library's (which may pick another kernel for fewer rows).
 """
 
 from __future__ import annotations
@@ -40,28 +44,33 @@ _jit = jit()  # the kernels' own flags
 _parallel = jit(parallel=True)
 
 
+# fmt: off
 @_jit
 def forward_walk(
-    gx, w_t, bias, h, c, gh, ns, offsets, order, s_i, s_g, s_f, s_o, s_h, s_c, s_tc, y, fn
+    gx, w_t, bias, h, c, gh, ns, offsets, order, s_i, s_g, s_f, s_o, s_h, s_c, s_tc, y, fn, r0,
+    r1,
 ):  # pragma: no cover
-    """The forward's step loop of one (layer, direction): per step t, gh = h[:n] @ w_t (w_t
-    [H, 4H] C-contiguous: W_hh^T; kernels.walk_product, by the library GEMM at address ``fn``
-    where it is not 0) and kernels.forward_step on gx's rows of the step."""
+    # fmt: on
+    """The forward's step loop of one (layer, direction) on the batch rows [r0, r1): per step
+    t, gh = h @ w_t on the block's active rows (w_t [H, 4H] C-contiguous: W_hh^T;
+    kernels.walk_product, by the library GEMM at address ``fn`` where it is not 0) and
+    kernels.forward_step on gx's rows of the step and block."""
     ints, alpha_beta = gemm_scratch(gh)
     for q in range(order.shape[0]):
         t = order[q]
-        n = ns[t]
-        off = offsets[t]
-        if n > 0:
-            walk_product(fn, h[:n], w_t, gh[:n], ints, alpha_beta)
+        k = max(min(ns[t], r1) - r0, 0)  # the block's active rows: a prefix of it
+        lo = offsets[t] + r0
+        if k > 0:
+            walk_product(fn, h[r0 : r0 + k], w_t, gh[r0 : r0 + k], ints, alpha_beta)
         forward_step(
-            gx[off : off + n], gh, bias, h, c, n,
-            s_i[t], s_g[t], s_f[t], s_o[t], s_h[t], s_c[t], s_tc[t], y[t],
+            gx[lo : lo + k], gh[r0:r1], bias, h[r0:r1], c[r0:r1], k,
+            s_i[t][r0:r1], s_g[t][r0:r1], s_f[t][r0:r1], s_o[t][r0:r1], s_h[t][r0:r1],
+            s_c[t][r0:r1], s_tc[t][r0:r1], y[t][r0:r1],
         )  # fmt: skip
 
 
 class ForwardWalk(NamedTuple):
-    """One direction's arguments of :func:`forward_walk_pair` (those of :func:`forward_walk`)."""
+    """One direction's arguments of :func:`forward_walk_parts` (those of :func:`forward_walk`)."""
 
     gx: np.ndarray  # [N, 4H] input projection
     w_t: np.ndarray  # [H, 4H] W_hh^T, C-contiguous
@@ -82,7 +91,8 @@ class ForwardWalk(NamedTuple):
 
 
 class BackwardWalk(NamedTuple):
-    """One direction's arguments of :func:`backward_walk_pair` (those of :func:`backward_walk`)."""
+    """One direction's arguments of :func:`backward_walk_parts` (those of
+    :func:`backward_walk`)."""
 
     dy: np.ndarray  # [T, B, H] (a dummy without has_dy)
     dh: np.ndarray  # [B, H] running gradients
@@ -103,77 +113,95 @@ class BackwardWalk(NamedTuple):
 
 
 @_jit
-def forward_walk_of(w, ns, offsets, fn):  # pragma: no cover
+def forward_walk_of(w, ns, offsets, fn, r0, r1):  # pragma: no cover
     """:func:`forward_walk` of one direction given as a :class:`ForwardWalk`."""
     forward_walk(w.gx, w.w_t, w.bias, w.h, w.c, w.gh, ns, offsets, w.order,
-                 w.s_i, w.s_g, w.s_f, w.s_o, w.s_h, w.s_c, w.s_tc, w.y, fn)  # fmt: skip
+                 w.s_i, w.s_g, w.s_f, w.s_o, w.s_h, w.s_c, w.s_tc, w.y, fn, r0, r1)  # fmt: skip
 
 
 @_parallel
-def forward_walk_pair(walk0, walk1, ns, offsets, fn):  # pragma: no cover
-    """:func:`forward_walk` of the two directions (:class:`ForwardWalk` each) on two threads
-    (a library GEMM called within runs on its calling thread alone: the library sees the
-    parallel region)."""
-    for d in prange(2):
-        if d == 0:
-            forward_walk_of(walk0, ns, offsets, fn)
+def forward_walk_parts(walk0, walk1, parts, ns, offsets, fn):  # pragma: no cover
+    """:func:`forward_walk` of the ``parts`` (rows of [walk, r0, r1]: walk 0 or 1, a block of
+    batch rows), each on a thread of its own (a library GEMM called within runs on its calling
+    thread alone: the library sees the parallel region)."""
+    for q in prange(parts.shape[0]):
+        if parts[q, 0] == 0:
+            forward_walk_of(walk0, ns, offsets, fn, parts[q, 1], parts[q, 2])
         else:
-            forward_walk_of(walk1, ns, offsets, fn)
+            forward_walk_of(walk1, ns, offsets, fn, parts[q, 1], parts[q, 2])
 
 
 # fmt: off
 @_jit
 def backward_walk(
     dy, has_dy, dh, dc, w, s_i, s_g, s_f, s_o, s_tc, s_c, c0, cp, dg, db, ns, offsets, order,
-    flags, fn
+    flags, fn, r0, r1,
 ):  # pragma: no cover
     # fmt: on
-    """The backward's step loop of one (layer, direction): per step t (in ``order``, the
-    reverse of the forward's), kernels.backward_step into dg's rows of the step, then dh[:n] =
-    dG @ w (w [4H, H] C-contiguous: W_hh; kernels.walk_product with ``fn`` as in
-    :func:`forward_walk`), skipped after the last step unless it is wanted (it only feeds
-    dh_prev). ``flags``: (need_last, dense, with_db); dense steps read c_prev
-    where it is saved (the step before in the forward's order, c0 for the first), others from
-    cp, packed."""
+    """The backward's step loop of one (layer, direction) on the batch rows [r0, r1): per step
+    t (in ``order``, the reverse of the forward's), kernels.backward_step into dg's rows of the
+    step and block, then dh = dG @ w on them (w [4H, H] C-contiguous: W_hh;
+    kernels.walk_product with ``fn`` as in :func:`forward_walk`), skipped after the last step
+    unless it is wanted (it only feeds dh_prev). ``flags``: (need_last, dense, with_db); dense
+    steps read c_prev where it is saved (the step before in the forward's order, c0 for the
+    first), others from cp, packed."""
     need_last, dense, with_db = flags
     steps = order.shape[0]
     ints, alpha_beta = gemm_scratch(dh)
     for q in range(steps):
         t = order[q]
-        n = ns[t]
-        off = offsets[t]
-        if n == 0:
+        k = max(min(ns[t], r1) - r0, 0)  # the block's active rows
+        if k == 0:
             continue
+        lo = offsets[t] + r0
         if not dense:
-            c_prev = cp[off : off + n]
+            c_prev = cp[lo : lo + k]
         elif q + 1 < steps:
-            c_prev = s_c[order[q + 1]]
+            c_prev = s_c[order[q + 1]][r0:r1]
         else:
-            c_prev = c0
+            c_prev = c0[r0:r1]
         backward_step(
-            dy[t if has_dy else 0], has_dy, dh, dc, s_i[t], s_g[t], s_f[t], s_o[t], s_tc[t],
-            c_prev, dg[off : off + n], n, db, with_db,
+            dy[t if has_dy else 0][r0:r1], has_dy, dh[r0:r1], dc[r0:r1], s_i[t][r0:r1],
+            s_g[t][r0:r1], s_f[t][r0:r1], s_o[t][r0:r1], s_tc[t][r0:r1], c_prev,
+            dg[lo : lo + k], k, db[r0:r1], with_db,
         )  # fmt: skip
         if q < steps - 1 or need_last:
-            walk_product(fn, dg[off : off + n], w, dh[:n], ints, alpha_beta)
+            walk_product(fn, dg[lo : lo + k], w, dh[r0 : r0 + k], ints, alpha_beta)
 
 
 @_jit
-def backward_walk_of(w, has_dy, ns, offsets, flags, fn):  # pragma: no cover
+def backward_walk_of(w, has_dy, ns, offsets, flags, fn, r0, r1):  # pragma: no cover
     """:func:`backward_walk` of one direction given as a :class:`BackwardWalk`."""
     backward_walk(w.dy, has_dy, w.dh, w.dc, w.w, w.s_i, w.s_g, w.s_f, w.s_o, w.s_tc, w.s_c,
-                  w.c0, w.cp, w.dg, w.db, ns, offsets, w.order, flags, fn)  # fmt: skip
+                  w.c0, w.cp, w.dg, w.db, ns, offsets, w.order, flags, fn, r0, r1)  # fmt: skip
 
 
 @_parallel
-def backward_walk_pair(walk0, walk1, has_dy, ns, offsets, flags, fn):  # pragma: no cover
-    """:func:`backward_walk` of the two directions (:class:`BackwardWalk` each) on two
-    threads (a library GEMM within as in :func:`forward_walk_pair`)."""
-    for d in prange(2):
-        if d == 0:
-            backward_walk_of(walk0, has_dy, ns, offsets, flags, fn)
+def backward_walk_parts(walk0, walk1, parts, has_dy, ns, offsets, flags, fn):  # pragma: no cover
+    """:func:`backward_walk` of the ``parts`` (as in :func:`forward_walk_parts`), each on a
+    thread of its own."""
+    for q in prange(parts.shape[0]):
+        if parts[q, 0] == 0:
+            backward_walk_of(walk0, has_dy, ns, offsets, flags, fn, parts[q, 1], parts[q, 2])
         else:
-            backward_walk_of(walk1, has_dy, ns, offsets, flags, fn)
+            backward_walk_of(walk1, has_dy, ns, offsets, flags, fn, parts[q, 1], parts[q, 2])
+
+
+def walk_parts(ns: np.ndarray, batch: int, walks: int, blocks: int) -> np.ndarray:
+    """The parts of :func:`forward_walk_parts`: each of ``walks`` walks' batch rows in
+    ``blocks`` consecutive blocks (fewer where the batch has fewer rows) of about equal work,
+    the active row-steps (a row is active in the steps with more rows than its index)."""
+    blocks = max(1, min(blocks, batch))
+    # active steps of each row b: the steps with ns > b; their running sum is the work
+    work = np.cumsum(len(ns) - np.searchsorted(np.sort(ns), np.arange(batch), side="right"))
+    total = int(work[-1]) if batch else 0
+    bounds = [0]
+    for q in range(1, blocks):
+        cut = int(np.searchsorted(work, total * q / blocks, side="left")) + 1
+        bounds.append(min(max(cut, bounds[-1] + 1), batch - (blocks - q)))
+    bounds.append(batch)
+    return np.array([(d, lo, hi) for d in range(walks) for lo, hi in zip(bounds[:-1],
+                     bounds[1:], strict=True)], dtype=np.int64).reshape(-1, 3)  # fmt: skip
 
 
 @_jit
