@@ -306,6 +306,16 @@ def test_row_walks_timed_where_a_block_product_beats_the_library(monkeypatch, bl
     assert "pairs" not in timed  # one direction
 
 
+def test_private_product_method_only_for_a_clear_win():
+    """The big products take a private op (oneDNN) only where it beats the public GEMM by over
+    the margin; the public one otherwise, and whenever it is the fastest."""
+    margin = tune._PRIVATE_MARGIN
+    assert tune._product_method({"blas": 1.0, "onednn": 0.99}, "blas") == "blas"
+    assert tune._product_method({"blas": 1.0, "onednn": 0.99 / margin}, "blas") == "onednn"
+    assert tune._product_method({"blas": 0.9, "onednn": 1.0}, "blas") == "blas"
+    assert tune._product_method({"blas": 1.0}, "blas") == "blas"
+
+
 def test_arrangement_by_call_length_and_phase():
     """The arrangement is chosen for the call's length from the passes' per-phase seconds: the
     library's recurrent weight preparation (paid once a direction) makes the walks win short

@@ -58,6 +58,7 @@ class _Steps:
             list(zip(o.tolist(), self.ns[o].tolist(), self.offsets[o].tolist(), strict=True))
             for o in self.orders
         ]
+        self.parts: dict[tuple[int, int], np.ndarray] = {}  # the walks' parts, by (walks, blocks)
 
 
 def _rows(a: np.ndarray, st: _Steps) -> np.ndarray | None:
@@ -110,8 +111,12 @@ def _walk_gemm(plan: Plan, gemm: Gemm, cd: np.dtype) -> int:
 
 def _parts(plan: Plan, st: _Steps, batch: int) -> np.ndarray:
     """The parts of the plan's parallel walks (fused.walks.walk_parts): per direction of a
-    pair, its batch rows in plan.walk_rows blocks."""
-    return walks.walk_parts(st.ns, batch, 2 if plan.pair_walks else 1, plan.walk_rows)
+    pair, its batch rows in plan.walk_rows blocks; made once a call."""
+    key = (2 if plan.pair_walks else 1, plan.walk_rows)
+    parts = st.parts.get(key)
+    if parts is None:
+        parts = st.parts[key] = walks.walk_parts(st.ns, batch, *key)
+    return parts
 
 
 def _forward_step(plan: Plan, hidden: int, gx, gh, bias, h, c, n, acts, y) -> None:  # type: ignore[no-untyped-def]

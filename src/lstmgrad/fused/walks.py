@@ -192,6 +192,8 @@ def walk_parts(ns: np.ndarray, batch: int, walks: int, blocks: int) -> np.ndarra
     ``blocks`` consecutive blocks (fewer where the batch has fewer rows) of about equal work,
     the active row-steps (a row is active in the steps with more rows than its index)."""
     blocks = max(1, min(blocks, batch))
+    if blocks == 1:  # each walk whole
+        return np.array([(d, 0, batch) for d in range(walks)], dtype=np.int64)
     # active steps of each row b: the steps with ns > b; their running sum is the work
     work = np.cumsum(len(ns) - np.searchsorted(np.sort(ns), np.arange(batch), side="right"))
     total = int(work[-1]) if batch else 0
