@@ -51,8 +51,9 @@ class Plan:
     thread); split_min: the smallest step (active rows * H) whose kernel splits over them;
     pair_walks: both directions of a bidirectional layer walk at once on two threads, each step
     loop in one Numba call (the recurrent methods are then unused); walk: each direction's step
-    loop in one Numba call on one thread, recurrent product included (for layers so small that
-    a library call per step costs more than its arithmetic; pair_walks take precedence);
+    loop in one Numba call (on one thread, or one per block of rows: walk_rows), recurrent
+    product included (for layers so small that a library call per step costs more than its
+    arithmetic; pair_walks take precedence);
     walk_product: the recurrent product in those one-call step loops ("loop": the engine's
     Numba loop; "library": the GEMM library's own routine called on the loop's thread, where
     the back end has one to call, :meth:`Gemm.walk_gemm`); walk_rows: the blocks of batch rows
