@@ -113,6 +113,10 @@ def release_memory() -> None:
 def block(shapes: Sequence[tuple[int, ...]], dtype: np.dtype) -> list[np.ndarray]:
     """New C-contiguous arrays of ``shapes`` that share one allocation (see Arena.take_all)."""
     dtype = np.dtype(dtype)
+    if len(set(shapes)) == 1:  # one shape (e.g. the saved activations): views made in C
+        count, size = len(shapes), math.prod(shapes[0])
+        flat = _result_memory(max(count * size, 1) * dtype.itemsize, dtype)
+        return list(flat[: count * size].reshape(count, *shapes[0]))
     sizes = [math.prod(s) for s in shapes]
     flat = _result_memory(max(sum(sizes), 1) * dtype.itemsize, dtype)
     out, start = [], 0
