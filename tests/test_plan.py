@@ -242,15 +242,14 @@ def test_close_passes_get_more_rounds(monkeypatch):
     assert calls[1] == calls[2] == 1 + rounds + 1
 
 
-@pytest.mark.parametrize("walk_slow", [False, True])
-def test_walk_product_chosen_and_walks_not_timed_where_they_cannot_win(monkeypatch, walk_slow):
-    """The walks' recurrent product is the faster of the measured ways (here the library's);
-    where even it takes over 3x the best library product (on all threads), the passes do not
-    time walks or pair walks; otherwise they do, with that product."""
+def _scripted_step_measurements(monkeypatch, walk_times) -> dict[str, dict]:
+    """measure_steps on scripted measurements, two threads with pairs available: one library
+    method ("blas", 1e-6 a product, so 2e-6 the best forward + backward pair), the walks'
+    products from ``walk_times``, passes that take every candidate alike. Returns the dict
+    the passes fill with the candidates they were given."""
     times = {"blas": {"prep": {"1": 0.0}, "call": 1e-6}}
-    walk = {"loop": 9e-6, "library": 7e-6 if walk_slow else 3e-6}  # best library pair: 2e-6
     monkeypatch.setattr(tune, "_recurrent_times", lambda *args: times)
-    monkeypatch.setattr(tune, "_walk_product_times", lambda *args: walk)
+    monkeypatch.setattr(tune, "_walk_product_times", walk_times)
     monkeypatch.setattr(tune, "_split_min", lambda *args: 4)
     timed: dict[str, dict] = {}
 
@@ -262,6 +261,16 @@ def test_walk_product_chosen_and_walks_not_timed_where_they_cannot_win(monkeypat
     monkeypatch.setattr(tune, "_pass_times", passes)
     monkeypatch.setattr("lstmgrad.fused.walks.pairs_available", lambda: True)
     monkeypatch.setattr("lstmgrad.fused.walks.parallel_threads", lambda: 2)
+    return timed
+
+
+@pytest.mark.parametrize("walk_slow", [False, True])
+def test_walk_product_chosen_and_walks_not_timed_where_they_cannot_win(monkeypatch, walk_slow):
+    """The walks' recurrent product is the faster of the measured ways (here the library's);
+    where even it takes over 3x the best library product (on all threads), the passes do not
+    time walks or pair walks; otherwise they do, with that product."""
+    walk = {"loop": 9e-6, "library": 7e-6 if walk_slow else 3e-6}  # best library pair: 2e-6
+    timed = _scripted_step_measurements(monkeypatch, lambda *args: walk)
     cls = plan.step_class(TINY_BI, np.dtype(np.float32), "numpy")
     entry = tune.measure_steps(cls, NUMPY_GEMM)
     assert entry["plan"]["walk_product"] == "library"
@@ -279,26 +288,13 @@ def test_row_walks_timed_where_a_block_product_beats_the_library(monkeypatch, bl
     """One direction, two threads: the row-block walks are a candidate only where the walk's
     product of one block's rows (B / threads) on its thread takes less than the library's
     product of all rows on all threads."""
-    times = {"blas": {"prep": {"1": 0.0}, "call": 1e-6}}  # best library pair: 2e-6
 
     def walk_times(gemm, w_hh, rows, cd):  # whole batch 3e-6 (may win), a block as asked
         if rows == TINY.B:
             return {"loop": 3e-6}
         return {"loop": 1.5e-6 if block_fast else 2.5e-6}
 
-    monkeypatch.setattr(tune, "_recurrent_times", lambda *args: times)
-    monkeypatch.setattr(tune, "_walk_product_times", walk_times)
-    monkeypatch.setattr(tune, "_split_min", lambda *args: 4)
-    timed: dict[str, dict] = {}
-
-    def passes(shape, kind, candidates, phase_seconds=None):
-        timed.update(candidates)
-        phase_seconds.update({name: [0.5, 0.5] for name in candidates})
-        return {name: 1.0 for name in candidates}
-
-    monkeypatch.setattr(tune, "_pass_times", passes)
-    monkeypatch.setattr("lstmgrad.fused.walks.pairs_available", lambda: True)
-    monkeypatch.setattr("lstmgrad.fused.walks.parallel_threads", lambda: 2)
+    timed = _scripted_step_measurements(monkeypatch, walk_times)
     tune.measure_steps(plan.step_class(TINY, np.dtype(np.float32), "numpy"), NUMPY_GEMM)
     assert ("rows" in timed) == block_fast
     if block_fast:

@@ -529,16 +529,28 @@ def test_whole_step_loops_in_one_call(monkeypatch, dtype, rtol, bidirectional, c
         pytest.skip("this torch build exports no GEMM for the walks to call (no MKL)")
     taken = _record_calls(monkeypatch, walks, ("forward_walk_of", "backward_walk_of"))
     fns = _record_results(monkeypatch, lstm, "_walk_gemm")
-    t, b, i, h = 6, 4, 5, 7
+    bs = [4, 0, 3, 3, 0, 1] if case == "lengths-with-empty-steps" else None
+    fields = dict(walk=True, pair_walks=False, walk_product=walk_product)
+    _forced_against_reference(fields, dtype, rtol, bidirectional, case, kind, 4, bs)
+    layers_dirs = 2 * (2 if bidirectional else 1)
+    assert taken == ["forward_walk_of"] * layers_dirs + ["backward_walk_of"] * layers_dirs
+    assert len(fns) == 2 * layers_dirs and all((fn != 0) == library for fn in fns)
+
+
+def _forced_against_reference(fields, dtype, rtol, bidirectional, case, kind, b, bs):  # type: ignore[no-untyped-def]
+    """A 2-layer forward and backward (T = 6, I = 5, H = 7, ``b`` rows, batch sizes ``bs`` or
+    dense) of NumPy arrays or torch tensors (``kind``) under the forced plan ``fields``, each
+    result within 2 * rtol of the reference's largest; ``case`` "no-dy" (no dy, a dh instead) and
+    "dh-prev-off" (no dh_prev asked) as in the walk tests."""
+    t, i, h = 6, 5, 7
     x, hx, params, dy, kw = make(dtype, num_layers=2, bidirectional=bidirectional, t=t, b=b,
                                  i=i, h=h)  # fmt: skip
-    bs = None
-    if case == "lengths-with-empty-steps":
-        bs = np.array([4, 0, 3, 3, 0, 1], dtype=np.int64)
+    if bs is not None:
+        bs = np.array(bs, dtype=np.int64)
         x, dy = x.reshape(t * b, -1), dy.reshape(t * b, -1)
     conv = tensors if kind == "tensors" else (lambda a: a)
     ref_fw = lstmgrad.lstm_forward(x, params, hx, bs, impl="reference", **kw)
-    with forced(walk=True, pair_walks=False, walk_product=walk_product):
+    with forced(**fields):
         fw = lstmgrad.lstm_forward(conv(x), conv(params), conv(hx), conv(bs), **kw)
     for got, want in zip(fw[:3], ref_fw[:3], strict=True):
         got = got.numpy() if kind == "tensors" else got
@@ -550,11 +562,8 @@ def test_whole_step_loops_in_one_call(monkeypatch, dtype, rtol, bidirectional, c
     saved = [[a.numpy() for a in s] for s in fw.saved[:7]] if kind == "tensors" else fw.saved[:7]
     args = (x, hx, params, dy_arg, dh, None, *saved, bs)
     ref = lstmgrad.lstm_backward(*args, output_mask=mask, impl="reference", **kw)
-    with forced(walk=True, pair_walks=False, walk_product=walk_product):
+    with forced(**fields):
         got = lstmgrad.lstm_backward(*[conv(a) for a in args], output_mask=mask, **kw)
-    layers_dirs = 2 * (2 if bidirectional else 1)
-    assert taken == ["forward_walk_of"] * layers_dirs + ["backward_walk_of"] * layers_dirs
-    assert len(fns) == 2 * layers_dirs and all((fn != 0) == library for fn in fns)
     for name in ("dx", "dh_prev", "dc_prev"):
         assert (getattr(got, name) is None) == (getattr(ref, name) is None), name
     pairs = [(got.dx, ref.dx), (got.dc_prev, ref.dc_prev), (got.dh_prev, ref.dh_prev)]
@@ -586,27 +595,10 @@ def test_row_block_walks(monkeypatch, two_threads, dtype, rtol, bidirectional, c
         fn = getattr(walks, name)
         monkeypatch.setattr(walks, name, lambda *a, _f=fn, _n=name: (
             parts.append((_n, a[2].tolist())), _f(*a))[1])  # fmt: skip
-    t, b, i, h = 6, 5, 4, 7
-    x, hx, params, dy, kw = make(dtype, num_layers=2, bidirectional=bidirectional, t=t, b=b,
-                                 i=i, h=h)  # fmt: skip
-    bs = None
-    if case == "lengths-with-empty-steps":
-        bs = np.array([5, 0, 4, 2, 0, 1], dtype=np.int64)
-        x, dy = x.reshape(t * b, -1), dy.reshape(t * b, -1)
+    b = 5
+    bs = [5, 0, 4, 2, 0, 1] if case == "lengths-with-empty-steps" else None
     fields = dict(walk=True, pair_walks=False, walk_rows=two_threads, fwd_walk=fwd_walk)
-    ref_fw = lstmgrad.lstm_forward(x, params, hx, bs, impl="reference", **kw)
-    with forced(**fields):
-        fw = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), tensors(bs), **kw)
-    for got, want in zip(fw[:3], ref_fw[:3], strict=True):
-        scale = np.abs(want.astype(np.float64)).max()
-        assert np.abs(got.numpy().astype(np.float64) - want).max() <= 2 * rtol * scale
-    dy_arg = None if case == "no-dy" else dy
-    dh = hx[0] if case == "no-dy" else None  # some gradient must flow
-    saved = [[a.numpy() for a in s] for s in fw.saved[:7]]
-    args = (x, hx, params, dy_arg, dh, None, *saved, bs)
-    ref = lstmgrad.lstm_backward(*args, impl="reference", **kw)
-    with forced(**fields):
-        got = lstmgrad.lstm_backward(*[tensors(a) for a in args], **kw)
+    _forced_against_reference(fields, dtype, rtol, bidirectional, case, "tensors", b, bs)
     walked = 2 * (2 if bidirectional else 1)  # layers x directions, each in two row blocks
     names = ["forward_walk_parts"] * (walked if fwd_walk else 0) + ["backward_walk_parts"] * walked
     assert [name for name, _ in parts] == names
@@ -614,10 +606,6 @@ def test_row_block_walks(monkeypatch, two_threads, dtype, rtol, bidirectional, c
         assert [blk[0] for blk in blocks] == [0, 0]
         assert blocks[0][1] == 0 and blocks[0][2] == blocks[1][1] and blocks[1][2] == b
         assert 0 < blocks[0][2] < b
-    pairs = [(got.dx, ref.dx), (got.dc_prev, ref.dc_prev), (got.dh_prev, ref.dh_prev)]
-    for g, w in pairs + list(zip(got.dparams, ref.dparams, strict=True)):
-        g, w = g.numpy().astype(np.float64), np.asarray(w, dtype=np.float64)
-        assert np.abs(g - w).max() <= 2 * rtol * max(np.abs(w).max(), 1e-30)
 
 
 @pytest.mark.parametrize("blocks", [1, 2, 3, 8])
