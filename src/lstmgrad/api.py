@@ -23,15 +23,20 @@ from .contract import (
 from .dropout import make_dropout_masks
 from .errors import LstmError, LstmInternalError, LstmMemoryError
 from .gemm import NUMPY_GEMM, Gemm
+from .plan import Plan, plan_for
 from .tensors import from_torch, to_tensors, torch_gemm
 from .workspace import Arena, scratch_held, workspace_bytes
 
 ENGINES: dict[str, ModuleType] = {"fused": fused, "reference": reference}  # contract.IMPLS
 
 
-def _gemm(impl: str, gemm: Gemm | None) -> dict[str, Gemm]:
-    """The fused engine takes the GEMMs to use; the reference always computes with NumPy."""
-    return {"gemm": gemm} if gemm is not None and impl == "fused" else {}
+def _engine_args(impl: str, call: ForwardCall | BackwardCall, gemm: Gemm | None) -> dict[str, Any]:
+    """The fused engine takes the GEMMs to use and the call's plan (made once, for the memory
+    check and the run alike); the reference always computes with NumPy."""
+    if impl != "fused":
+        return {}
+    g = gemm or NUMPY_GEMM
+    return {"gemm": g, "plan": plan_for(call.dims, call.dtype, g)}
 
 
 _last_reading: tuple[float, int | None] = (-1e9, None)  # (monotonic time, bytes available)
@@ -60,20 +65,19 @@ def check_memory(fn: str, need: int) -> None:
         )
 
 
-def _need(fn: str, call: ForwardCall | BackwardCall, arena: Arena | None, gemm: Gemm | None,
-          forward: bool) -> None:  # fmt: skip
-    """The fused engine's memory need of ``call`` checked against what is available: its
-    results and conversions, plus the scratch beyond the calling thread's kept buffer (none
-    with a caller's workspace)."""
-    g = gemm or NUMPY_GEMM
+def _need(fn: str, call: ForwardCall | BackwardCall, arena: Arena | None, gemm: Gemm,
+          plan: Plan, forward: bool) -> None:  # fmt: skip
+    """The fused engine's memory need of ``call`` under ``plan`` checked against what is
+    available: its results and conversions, plus the scratch beyond the calling thread's kept
+    buffer (none with a caller's workspace)."""
     if forward:
         assert isinstance(call, ForwardCall)
-        need = fused.forward_bytes(call, g)
-        slots = fused.forward_workspace_slots(call.dims, call.dtype, g)
+        need = fused.forward_bytes(call, gemm, plan)
+        slots = fused.forward_workspace_slots(call.dims, call.dtype, gemm, plan)
     else:
         assert isinstance(call, BackwardCall)
-        need = fused.backward_bytes(call, g)
-        slots = fused.backward_workspace_slots(call.dims, call.dtype, g)
+        need = fused.backward_bytes(call, gemm, plan)
+        slots = fused.backward_workspace_slots(call.dims, call.dtype, gemm, plan)
     if arena is None:
         need += max(workspace_bytes(slots) - scratch_held(), 0)
     check_memory(fn, need)
@@ -90,12 +94,11 @@ def run_backward(
     Raises:
         LstmMemoryError: (code 561103) the fused engine would need more memory than available.
     """
-    if impl == "fused" and any(call.need):
-        _need("lstm_backward", call, arena, gemm, forward=False)
+    args = _engine_args(impl, call, gemm)
+    if args and any(call.need):
+        _need("lstm_backward", call, arena, **args, forward=False)
     try:
-        dx, dh_prev, dc_prev, dparams = ENGINES[impl].lstm_backward(
-            call, arena, **_gemm(impl, gemm)
-        )
+        dx, dh_prev, dc_prev, dparams = ENGINES[impl].lstm_backward(call, arena, **args)
     except LstmError:
         raise
     except Exception as exc:  # anything unexpected is the contract's internal error
@@ -119,10 +122,11 @@ def run_forward(
     """
     if call.dropout > 0 and call.dropout_masks is None:
         call.dropout_masks = make_dropout_masks(call.dims, call.dropout, call.seed, call.dtype)
-    if impl == "fused":
-        _need("lstm_forward", call, arena, gemm, forward=True)
+    args = _engine_args(impl, call, gemm)
+    if args:
+        _need("lstm_forward", call, arena, **args, forward=True)
     try:
-        y, hy, cy, saved = ENGINES[impl].lstm_forward(call, arena, **_gemm(impl, gemm))
+        y, hy, cy, saved = ENGINES[impl].lstm_forward(call, arena, **args)
     except LstmError:
         raise
     except Exception as exc:

@@ -8,6 +8,7 @@ value. They allocate nothing proportional to the data: every check runs before a
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Sequence
@@ -338,20 +339,25 @@ def _hidden_size(fn: str, params: list[Any], others: Sequence[Any] = ()) -> int:
     return max(votes, key=votes.count)  # first of the most common: a stable tie-break
 
 
+@functools.lru_cache(maxsize=64)
+def _param_shapes(dims: Dims) -> tuple[tuple[int, ...], ...]:
+    """Every params element's shape, in order (the same for every call of these sizes)."""
+    return tuple(dims.param_shape(j) for j in range(dims.K * params_per_direction(dims.has_bias)))
+
+
 def check_params(fn: str, params: list[Any], dims: Dims, dtype: np.dtype) -> list[np.ndarray]:
     """Every params element against its [4H, I|D*H], [4H, H] or [4H] shape."""
     out = []
     per_dir = params_per_direction(dims.has_bias)
-    for j, p in enumerate(params):
+    for j, (p, shape) in enumerate(zip(params, _param_shapes(dims), strict=True)):
+        if _valid(p, shape, dtype):
+            out.append(p)
+            continue
         kind = j % per_dir
-        shape = dims.param_shape(j)
         if kind == W_IH:
             legend = "4H, I" if j < per_dir * dims.D else "4H, D*H"
         else:
             legend = "4H, H" if kind == W_HH else "4H"
-        if _valid(p, shape, dtype):
-            out.append(p)
-            continue
         label = f"params[{j}] ({param_name(j, dims.D, dims.has_bias)})"
         out.append(check_array(fn, label, p, shape, legend, dtype, param="params"))
     return out

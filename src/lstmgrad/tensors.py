@@ -88,6 +88,12 @@ def tensor_to_numpy(fn: str, name: str, value: Any, param: str | None = None) ->
 def to_numpy(fn: str, name: str, value: Any) -> Any:
     """:func:`tensor_to_numpy` on an argument, or on each element of a list/tuple argument."""
     if isinstance(value, (list, tuple)):
+        torch = _torch()
+        if torch is not None and all(type(v) is torch.Tensor for v in value):
+            try:  # plain CPU tensors outside autograd (a custom op's): views at once
+                return [v.numpy() for v in value]
+            except (TypeError, RuntimeError):
+                pass  # one of them needs the checks below
         return [tensor_to_numpy(fn, f"{name}[{j}]", v, name) for j, v in enumerate(value)]
     return tensor_to_numpy(fn, name, value)
 
@@ -170,7 +176,7 @@ def _probe_mkl(torch: Any) -> bool:
     return all(torch.equal(mkl._mkl_linear(a, packed, w, None, 2), a @ w.t()) for a in rows_a)
 
 
-_WALK_GEMMS: dict[str, int] = {}  # compute dtype's name -> its GEMM's address (the probe's)
+_WALK_GEMMS: dict[np.dtype, int] = {}  # compute dtype -> its GEMM's address (the probe's)
 
 
 @_once
@@ -195,7 +201,7 @@ def _probe_walk_gemm(torch: Any) -> bool:
         library_matmul(fn, a, b, out, *gemm_scratch(out))
         if not np.array_equal(out, a @ b):
             return False
-        found[np.dtype(dtype).name] = fn
+        found[np.dtype(dtype)] = fn
     _WALK_GEMMS.update(found)
     return True
 
@@ -362,7 +368,7 @@ class TorchGemm:
         return torch_threads()
 
     def walk_gemm(self, dtype: np.dtype) -> int:
-        return _WALK_GEMMS.get(np.dtype(dtype).name, 0) if self._walk_gemm else 0
+        return _WALK_GEMMS.get(np.dtype(dtype), 0) if self._walk_gemm else 0
 
     def convert(self, dst: np.ndarray, src: np.ndarray, /) -> bool:
         # torch's copy (vectorised, on its threads), where it rounds as the kernels do; NumPy

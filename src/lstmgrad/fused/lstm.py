@@ -23,6 +23,8 @@ values passed between layers are kept in the compute dtype but hold storage-roun
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..contract import BackwardCall, ForwardCall, LstmSaved
@@ -59,6 +61,16 @@ class _Steps:
             for o in self.orders
         ]
         self.parts: dict[tuple[int, int], np.ndarray] = {}  # the walks' parts, by (walks, blocks)
+
+
+@functools.lru_cache(maxsize=32)
+def _dense_steps(t_steps: int, batch: int) -> _Steps:
+    return _Steps(Dims(t_steps, batch, 0, 0, 1, 1, False), None)
+
+
+def _steps(dims: Dims, mask: np.ndarray | None) -> _Steps:
+    """The call's steps; those of dense batches made once per (T, B) and shared (read only)."""
+    return _Steps(dims, mask) if mask is not None else _dense_steps(dims.T, dims.B)
 
 
 def _rows(a: np.ndarray, st: _Steps) -> np.ndarray | None:
@@ -243,8 +255,9 @@ def _bias(call: ForwardCall, layer: int, d: int, cd: np.dtype) -> np.ndarray:
     dims = call.dims
     if not dims.has_bias:
         return np.zeros(dims.G, dtype=cd)
-    b_ih = call.params[dims.index(layer, d, B_IH)].astype(cd)
-    return b_ih + call.params[dims.index(layer, d, B_HH)].astype(cd)
+    # both cast to cd, then added (one new array)
+    return np.add(call.params[dims.index(layer, d, B_IH)], call.params[dims.index(layer, d, B_HH)],
+                  dtype=cd)  # fmt: skip
 
 
 def lstm_forward(
@@ -260,7 +273,7 @@ def lstm_forward(
     plan = plan or plan_for(dims, dtype, gemm)
     cd = compute_dtype(dtype)
     t_steps, batch, hidden = dims.T, dims.B, dims.H
-    st = _Steps(dims, call.mask)
+    st = _steps(dims, call.mask)
     n_rows = st.total
     xp_buf, gx_buf, gh_buf, h_buf, c_buf, acts_buf, layer_in = arena.take_all(
         forward_workspace_slots(dims, dtype, gemm, plan)
@@ -534,7 +547,7 @@ def lstm_backward(
     layout = plan.weight_grad
     cd = compute_dtype(dtype)
     t_steps, batch, hidden = dims.T, dims.B, dims.H
-    st = _Steps(dims, call.mask)
+    st = _steps(dims, call.mask)
     n_rows = st.total
     (xh_buf, dg_buf, cp_buf, dw_buf, dh_buf, dc_buf, dx_buf, dy_buf, acts_buf, xht_buf,
      dgt_buf, db_buf) = arena.take_all(backward_workspace_slots(dims, dtype, gemm, plan))  # fmt: skip
