@@ -156,26 +156,63 @@ def test_gradient_of_a_forward_that_saved_nothing_raises_clearly():
         y.sum().backward()
 
 
-@pytest.mark.parametrize("rows", [4, 64])  # 4 * 6 * 4 bytes: copied; 64 * 48 * 4: viewed
+@pytest.mark.parametrize("rows", [4, 64])
 def test_saved_stacking_is_exact(rows):
-    """The forward op's [7, L*D, T, B, H] saved tensor: a view of the engine's block where its
-    arrays lie back to back and are large, a copy otherwise (small ones, or any other layout),
-    and np.stack's values in every case."""
+    """The forward op's [7, L*D, T, B, H] saved tensor from the engine's lists: a view of the
+    engine's block where its arrays lie back to back, a copy otherwise, and np.stack's values
+    in every case."""
     import numpy as np
 
-    from lstmgrad.torch_ops import _STACK_COPY_MAX_BYTES, _stacked
+    from lstmgrad.torch_ops import _stacked
     from lstmgrad.workspace import block
 
     cols = 6 if rows == 4 else 48
     arrays = block([(rows, cols)] * 5, np.float32)
     for j, a in enumerate(arrays):
         a[...] = np.arange(a.size, dtype=np.float32).reshape(a.shape) + 1000 * j
-    large = arrays[0].nbytes > _STACK_COPY_MAX_BYTES
-    assert large == (rows == 64)
     got = _stacked(arrays)
     np.testing.assert_array_equal(got, np.stack(arrays))
-    assert np.shares_memory(got, arrays[0]) == large
+    assert np.shares_memory(got, arrays[0])
     swapped = [arrays[0], arrays[2], arrays[1], arrays[3], arrays[4]]  # same block, out of order
     got = _stacked(swapped)
     np.testing.assert_array_equal(got, np.stack(swapped))
     assert not np.shares_memory(got, arrays[0])
+
+
+# a saved array of 5 * 4 * 3 * 8 bytes: written into the op's tensor; of 5 * 4 * 120 * 8: viewed
+@pytest.mark.parametrize("hidden", [3, 120])
+def test_saved_activations_of_the_op_are_the_engines(hidden):
+    """The forward op's saved tensor, whether the engine wrote into it (small arrays) or it
+    views the engine's own block: bit for bit the core API's saved lists on the same tensors,
+    and the engine refuses a saved_into of the wrong shape with the contract's internal error."""
+    import numpy as np
+
+    import lstmgrad
+    from lstmgrad import torch_ops
+    from lstmgrad.api import run_forward
+    from lstmgrad.contract import check_forward
+    from lstmgrad.errors import LstmInternalError
+    from lstmgrad.tensors import torch_gemm
+
+    torch.manual_seed(3)
+    steps, batch, inp, layers = 5, 4, 6, 2
+    m = torch.nn.LSTM(inp, hidden, num_layers=layers, bidirectional=True, dtype=torch.float64)
+    x = torch.randn(steps, batch, inp, dtype=torch.float64)
+    ps = [p.detach() for p in m._flat_weights]
+    h0 = torch.randn(2 * layers, batch, hidden, dtype=torch.float64)
+    c0 = torch.randn(2 * layers, batch, hidden, dtype=torch.float64)
+    assert (steps * batch * hidden * 8 <= torch_ops._STACK_COPY_MAX_BYTES) == (hidden == 3)
+    out = OPS.lstm_forward(x, ps, h0, c0, None, None, True, layers, 0.0, True, True, False)
+    res = lstmgrad.lstm_forward(x, ps, [h0, c0], num_layers=layers, bidirectional=True)
+    want = np.stack([np.stack(lst) for lst in res.saved[:7]])
+    assert out[3].shape == want.shape
+    np.testing.assert_array_equal(out[3].numpy(), want)
+    np.testing.assert_array_equal(out[0].numpy(), res.output.numpy())
+    call = check_forward("t", x.numpy(), [p.numpy() for p in ps], [h0.numpy(), c0.numpy()],
+                         None, True, layers, 0.0, True, True, False, None, None)  # fmt: skip
+    into = np.full(want.shape, np.nan)
+    got = run_forward(call, None, "fused", torch_gemm(), into)
+    np.testing.assert_array_equal(into, want)
+    assert all(np.shares_memory(a, into) for lst in got.saved[:7] for a in lst)
+    with pytest.raises(LstmInternalError, match="saved_into must be"):
+        run_forward(call, None, "fused", torch_gemm(), np.empty((7, 1, 1, 1, 1)))

@@ -66,13 +66,14 @@ def check_memory(fn: str, need: int) -> None:
 
 
 def _need(fn: str, call: ForwardCall | BackwardCall, arena: Arena | None, gemm: Gemm,
-          plan: Plan, forward: bool) -> None:  # fmt: skip
+          plan: Plan, forward: bool, given: int = 0) -> None:  # fmt: skip
     """The fused engine's memory need of ``call`` under ``plan`` checked against what is
-    available: its results and conversions, plus the scratch beyond the calling thread's kept
-    buffer (none with a caller's workspace)."""
+    available: its results (less ``given`` bytes of them the caller allocated) and
+    conversions, plus the scratch beyond the calling thread's kept buffer (none with a caller's
+    workspace)."""
     if forward:
         assert isinstance(call, ForwardCall)
-        need = fused.forward_bytes(call, gemm, plan)
+        need = fused.forward_bytes(call, gemm, plan) - given
         slots = fused.forward_workspace_slots(call.dims, call.dtype, gemm, plan)
     else:
         assert isinstance(call, BackwardCall)
@@ -113,9 +114,12 @@ def run_forward(
     arena: Arena | None = None,
     impl: str = DEFAULT_IMPL,
     gemm: Gemm | None = None,
+    saved_into: np.ndarray | None = None,
 ) -> LstmForwardResult:
     """Run a validated forward call (drawing its dropout masks unless given); output in the
-    caller's layout.
+    caller's layout. ``saved_into``: a C-contiguous [7, L*D, T, B, H] array of the storage
+    dtype the fused engine writes the saved activations into (i, g, f, o, h, c, tanhc), the
+    lists then its views.
 
     Raises:
         LstmMemoryError: (code 561103) the fused engine would need more memory than available.
@@ -124,7 +128,10 @@ def run_forward(
         call.dropout_masks = make_dropout_masks(call.dims, call.dropout, call.seed, call.dtype)
     args = _engine_args(impl, call, gemm)
     if args:
-        _need("lstm_forward", call, arena, **args, forward=True)
+        _need("lstm_forward", call, arena, **args, forward=True,
+              given=0 if saved_into is None else saved_into.nbytes)  # fmt: skip
+        if saved_into is not None:
+            args["saved_into"] = saved_into
     try:
         y, hy, cy, saved = ENGINES[impl].lstm_forward(call, arena, **args)
     except LstmError:

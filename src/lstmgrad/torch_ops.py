@@ -50,19 +50,16 @@ __all__ = ["lstm", "lstm_forward", "lstm_backward"]
 _GATHERED = 7  # i, g, f, o, h, c, tanhc
 
 
-# Up to this many bytes per array, copying is cheaper than proving adjacency by pointer and
-# layout checks (docs/performance.md#kernel-measurements).
+# Up to this many bytes per saved array, proving the engine's arrays lie back to back (pointer
+# and layout checks) costs more than the arrays: the engine writes into the op's own tensor.
 _STACK_COPY_MAX_BYTES = 8192
 
 
 def _stacked(arrays: Sequence[np.ndarray]) -> np.ndarray:
     """``np.stack(arrays)``, as a view when they lie back to back in one block (the fused
-    engine allocates its results so) and are not so small that a copy is cheaper; a copy
-    otherwise."""
+    engine allocates its results so); a copy otherwise."""
     first = arrays[0]
     step = first.nbytes
-    if step <= _STACK_COPY_MAX_BYTES:
-        return np.stack(arrays)
     adjacent = all(
         a.flags.c_contiguous and a.shape == first.shape and a.dtype == first.dtype for a in arrays
     ) and all(a.ctypes.data == first.ctypes.data + j * step for j, a in enumerate(arrays))
@@ -104,9 +101,14 @@ def lstm_forward(
         [to_numpy(fn, "h0", h0), to_numpy(fn, "c0", c0)], to_numpy(fn, "batch_sizes", batch_sizes),
         has_bias, num_layers, dropout, train, bidirectional, batch_first, None, masks,
     )  # fmt: skip
-    res = run_forward(call, None, "fused", torch_gemm())
+    d, into = call.dims, None
+    if train and d.T * d.B * d.H * input.element_size() <= _STACK_COPY_MAX_BYTES:
+        into = torch.empty((_GATHERED, d.K, d.T, d.B, d.H), dtype=input.dtype)
+    res = run_forward(call, None, "fused", torch_gemm(), None if into is None else into.numpy())
     if res.saved is None:
         saved = torch.empty(0, dtype=input.dtype)
+    elif into is not None:
+        saved = into
     else:
         s = res.saved
         lists = (s.i, s.g, s.f, s.o, s.h, s.c, s.tanhc)

@@ -261,12 +261,18 @@ def _bias(call: ForwardCall, layer: int, d: int, cd: np.dtype) -> np.ndarray:
 
 
 def lstm_forward(
-    call: ForwardCall, arena: Arena | None = None, gemm: Gemm = NUMPY_GEMM, plan: Plan | None = None
+    call: ForwardCall,
+    arena: Arena | None = None,
+    gemm: Gemm = NUMPY_GEMM,
+    plan: Plan | None = None,
+    saved_into: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, LstmSaved | None]:
     """Forward of every (layer, direction); returns time-major output [T, B, D*H], hy, cy, saved.
 
     ``gemm`` runs every GEMM (NumPy's by default; torch's for torch callers), as ``plan`` (the
-    call's by default, :func:`lstmgrad.plan.plan_for`) says.
+    call's by default, :func:`lstmgrad.plan.plan_for`) says. ``saved_into``: where the saved
+    activations go with train (C-contiguous [7, L*D, T, B, H] of the storage dtype; the lists
+    are its views), else a new block.
     """
     arena = arena or Arena()
     dims, dtype = call.dims, call.dtype
@@ -286,7 +292,18 @@ def lstm_forward(
     state = (dims.K, batch, hidden)
     y, hy, cy = block([(t_steps, batch, dims.D * hidden), state, state], dtype)
     kept = dims.K if call.train else (0 if cd != dtype else (2 if plan.pair_walks else 1))
-    flat = block([act] * (7 * kept), dtype)
+    if saved_into is not None and call.train:  # the caller's [7, K, T, B, H] block
+        want = (7, dims.K, *act)
+        if (
+            saved_into.shape != want
+            or saved_into.dtype != dtype
+            or not saved_into.flags.c_contiguous
+        ):
+            raise ValueError(f"saved_into must be a C-contiguous {dtype} array of shape {want}, "
+                             f"got {saved_into.dtype} {saved_into.shape}")  # fmt: skip
+        flat = list(saved_into.reshape(7 * kept, *act))
+    else:
+        flat = block([act] * (7 * kept), dtype)
     saved = [flat[n * kept : (n + 1) * kept] for n in range(7)]
     cv = _conversion(plan, gemm)
     masks = [_c(m, cd, cv) for m in call.dropout_masks] if call.dropout_masks else None
