@@ -184,6 +184,7 @@ def test_gemms_run_on_torch(monkeypatch):
         ("bfloat16", "input", "input must have dtype float16, float32 or float64, got torch.bfloat16"),
         ("meta", "input", "input must be a CPU tensor, got a tensor on meta"),
         ("param-bf16", "params", "params\\[1\\] must have dtype"),
+        ("param-meta", "params", "params\\[2\\] must be a CPU tensor, got a tensor on meta"),
         ("int-input", "input", "input must have dtype float16, float32 or float64, got int32"),
     ],
 )  # fmt: skip
@@ -196,6 +197,8 @@ def test_tensor_errors_name_the_argument(bad, param, match):
         xt = torch.empty(x.shape, device="meta")
     elif bad == "param-bf16":
         pt[1] = pt[1].bfloat16()
+    elif bad == "param-meta":
+        pt[2] = torch.empty(pt[2].shape, device="meta")
     elif bad == "int-input":
         xt = xt.int()
     with pytest.raises(lstmgrad.LstmInvalidArgumentError, match=match) as exc:

@@ -89,9 +89,9 @@ def to_numpy(fn: str, name: str, value: Any) -> Any:
     """:func:`tensor_to_numpy` on an argument, or on each element of a list/tuple argument."""
     if isinstance(value, (list, tuple)):
         torch = _torch()
-        if torch is not None and all(type(v) is torch.Tensor for v in value):
-            try:  # plain CPU tensors outside autograd (a custom op's): views at once
-                return [v.numpy() for v in value]
+        if torch is not None and all(isinstance(v, torch.Tensor) for v in value):
+            try:  # the common case (CPU tensors, parameters among them): views at once
+                return [(v.detach() if v.requires_grad else v).numpy() for v in value]
             except (TypeError, RuntimeError):
                 pass  # one of them needs the checks below
         return [tensor_to_numpy(fn, f"{name}[{j}]", v, name) for j, v in enumerate(value)]
