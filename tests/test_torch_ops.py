@@ -201,7 +201,7 @@ def test_saved_activations_of_the_op_are_the_engines(hidden):
     ps = [p.detach() for p in m._flat_weights]
     h0 = torch.randn(2 * layers, batch, hidden, dtype=torch.float64)
     c0 = torch.randn(2 * layers, batch, hidden, dtype=torch.float64)
-    assert (steps * batch * hidden * 8 <= torch_ops._STACK_COPY_MAX_BYTES) == (hidden == 3)
+    assert (steps * batch * hidden * 8 <= torch_ops._SAVED_INTO_MAX_BYTES) == (hidden == 3)
     out = OPS.lstm_forward(x, ps, h0, c0, None, None, True, layers, 0.0, True, True, False)
     res = lstmgrad.lstm_forward(x, ps, [h0, c0], num_layers=layers, bidirectional=True)
     want = np.stack([np.stack(lst) for lst in res.saved[:7]])

@@ -50,6 +50,12 @@ def any_tensor(*values: Any) -> bool:
     return False
 
 
+def _view(t: Any) -> np.ndarray:
+    """A CPU tensor's memory as a NumPy array, detached from autograd (raises where NumPy
+    cannot view it: another device or layout, a lazy negation, an odd dtype)."""
+    return (t.detach() if t.requires_grad else t).numpy()
+
+
 def tensor_to_numpy(fn: str, name: str, value: Any, param: str | None = None) -> Any:
     """A NumPy view of a CPU tensor's memory (detached from autograd); anything else as is.
 
@@ -61,7 +67,7 @@ def tensor_to_numpy(fn: str, name: str, value: Any, param: str | None = None) ->
         return value
     if value.is_cpu and value.layout == torch.strided:
         try:  # the common case first (lazy neg/conj views and odd dtypes raise here)
-            return (value.detach() if value.requires_grad else value).numpy()
+            return _view(value)
         except (TypeError, RuntimeError):
             pass  # sorted out below, with the error the contract names
     param = param or name
@@ -91,7 +97,7 @@ def to_numpy(fn: str, name: str, value: Any) -> Any:
         torch = _torch()
         if torch is not None and all(isinstance(v, torch.Tensor) for v in value):
             try:  # the common case (CPU tensors, parameters among them): views at once
-                return [(v.detach() if v.requires_grad else v).numpy() for v in value]
+                return [_view(v) for v in value]
             except (TypeError, RuntimeError):
                 pass  # one of them needs the checks below
         return [tensor_to_numpy(fn, f"{name}[{j}]", v, name) for j, v in enumerate(value)]

@@ -52,7 +52,7 @@ _GATHERED = 7  # i, g, f, o, h, c, tanhc
 
 # Up to this many bytes per saved array, proving the engine's arrays lie back to back (pointer
 # and layout checks) costs more than the arrays: the engine writes into the op's own tensor.
-_STACK_COPY_MAX_BYTES = 8192
+_SAVED_INTO_MAX_BYTES = 8192
 
 
 def _stacked(arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -102,7 +102,7 @@ def lstm_forward(
         has_bias, num_layers, dropout, train, bidirectional, batch_first, None, masks,
     )  # fmt: skip
     d, into = call.dims, None
-    if train and d.T * d.B * d.H * input.element_size() <= _STACK_COPY_MAX_BYTES:
+    if train and d.T * d.B * d.H * input.element_size() <= _SAVED_INTO_MAX_BYTES:
         into = torch.empty((_GATHERED, d.K, d.T, d.B, d.H), dtype=input.dtype)
     res = run_forward(call, None, "fused", torch_gemm(), None if into is None else into.numpy())
     if res.saved is None:

@@ -40,19 +40,19 @@ __all__ = ["compute_dtype"]
 class _Steps:
     """Active rows per step (n_t) and their packed offsets."""
 
-    def __init__(self, dims: Dims, mask: np.ndarray | None) -> None:
+    def __init__(self, t_steps: int, batch: int, mask: np.ndarray | None) -> None:
         if mask is None:
-            self.ns = np.full(dims.T, dims.B, dtype=np.int64)
+            self.ns = np.full(t_steps, batch, dtype=np.int64)
         else:  # m[t, b] = b < batch_sizes[t]: the active rows of a step are a prefix
             self.ns = mask.sum(axis=1).astype(np.int64)
-        self.offsets = np.zeros(dims.T, dtype=np.int64)
+        self.offsets = np.zeros(t_steps, dtype=np.int64)
         np.cumsum(self.ns[:-1], out=self.offsets[1:])
         self.total = int(self.ns.sum())
         # every step has all B rows: packed rows are the [T, B] rows themselves
-        self.dense = self.total == dims.T * dims.B
+        self.dense = self.total == t_steps * batch
         self.orders = [
-            np.arange(dims.T, dtype=np.int64),
-            np.arange(dims.T - 1, -1, -1, dtype=np.int64),
+            np.arange(t_steps, dtype=np.int64),
+            np.arange(t_steps - 1, -1, -1, dtype=np.int64),
         ]
         # (t, n_t, offset_t) in each walk order, as Python ints, for the step loops (no NumPy
         # scalar lookups per step)
@@ -63,14 +63,12 @@ class _Steps:
         self.parts: dict[tuple[int, int], np.ndarray] = {}  # the walks' parts, by (walks, blocks)
 
 
-@functools.lru_cache(maxsize=32)
-def _dense_steps(t_steps: int, batch: int) -> _Steps:
-    return _Steps(Dims(t_steps, batch, 0, 0, 1, 1, False), None)
+_dense_steps = functools.lru_cache(maxsize=32)(_Steps)  # (T, B, None): made once, shared
 
 
 def _steps(dims: Dims, mask: np.ndarray | None) -> _Steps:
     """The call's steps; those of dense batches made once per (T, B) and shared (read only)."""
-    return _Steps(dims, mask) if mask is not None else _dense_steps(dims.T, dims.B)
+    return _Steps(dims.T, dims.B, mask) if mask is not None else _dense_steps(dims.T, dims.B, None)
 
 
 def _rows(a: np.ndarray, st: _Steps) -> np.ndarray | None:
