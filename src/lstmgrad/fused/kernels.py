@@ -192,8 +192,10 @@ def walk_product(fn, a, b, out, ints, alpha_beta):  # pragma: no cover
 def transpose_region(src, dst, r0, r1, c0, c1):  # pragma: no cover
     """dst[c, r] = src[r, c] for r0 <= r < r1, c0 <= c < c1 (2-D views). Cache-oblivious: the
     region's longer side is halved (at multiples of 8) until a leaf of at most 64 x 64
-    remains, walked in 8 x 8 tiles, so neither side's stride (a power of two, often) makes
-    the tiles' lines evict each other whatever the caches' sizes."""
+    remains, so neither side's stride (a power of two, often) makes the leaf's lines evict each
+    other whatever the caches' sizes. A leaf is walked one dst row at a time, its 64 elements
+    read down a column of src: loops of 8 took 3x longer on 16 MiB matrices
+    (docs/performance.md#kernel-measurements)."""
     stack = np.empty((128, 4), np.int64)
     stack[0, 0], stack[0, 1], stack[0, 2], stack[0, 3] = r0, r1, c0, c1
     top = 1
@@ -201,18 +203,10 @@ def transpose_region(src, dst, r0, r1, c0, c1):  # pragma: no cover
         top -= 1
         a, b, c, d = stack[top, 0], stack[top, 1], stack[top, 2], stack[top, 3]
         if b - a <= 64 and d - c <= 64:
-            b8, d8 = a + (b - a) // 8 * 8, c + (d - c) // 8 * 8
-            for cc in range(c, d8, 8):
-                for rr in range(a, b8, 8):
-                    for x in range(cc, cc + 8):
-                        for y in range(rr, rr + 8):
-                            dst[x, y] = src[y, x]
-            for x in range(d8, d):
+            for x in range(c, d):
+                row = dst[x]
                 for y in range(a, b):
-                    dst[x, y] = src[y, x]
-            for x in range(c, d8):
-                for y in range(b8, b):
-                    dst[x, y] = src[y, x]
+                    row[y] = src[y, x]
             continue
         if b - a >= d - c:  # halve the rows: the second half is pushed first, walked last
             m = a + (b - a) // 16 * 8
