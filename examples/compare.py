@@ -2,9 +2,11 @@
 
 Each implementation is trained in a process of its own (so neither inherits the other's
 thread pools, allocator state or JIT caches), with the same arguments; any argument this
-script does not know is passed through to char_lm.py. Then it draws both loss curves on one
-PNG, prints a markdown table of speed and final losses, reports how far apart the two loss
-curves are, and writes ``compare.json`` beside the two runs' own outputs.
+script does not know is passed through to char_lm.py. The two take turns over ``--rounds``
+rounds (the order swapped every round), and the speedup is the median of the rounds' ratios:
+a machine whose speed drifts over minutes then reaches both sides alike. Then it draws both
+loss curves on one PNG, prints a markdown table of speed and final losses, reports how far
+apart the two loss curves are, and writes ``compare.json`` beside the two runs' own outputs.
 
 Example:
     python examples/compare.py --steps 300 --threads 2
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -51,16 +54,27 @@ def curve_difference(a: list[float], b: list[float]) -> dict[str, float | int]:
     }
 
 
-def table(results: dict[str, dict[str, Any]]) -> str:
-    """Return the markdown comparison table."""
-    base = results["torch"]["median_ms_per_step"]
+def speedups(rounds: list[dict[str, dict[str, Any]]]) -> list[float]:
+    """Each round's torch median ms/step over lstmgrad's."""
+    return [r["torch"]["median_ms_per_step"] / r["lstmgrad"]["median_ms_per_step"] for r in rounds]
+
+
+def table(rounds: list[dict[str, dict[str, Any]]]) -> str:
+    """Return the markdown comparison table: per impl the median over rounds of each run's
+    median ms/step; the speedup is the median of the rounds' ratios, with their range."""
+    ratios = speedups(rounds)
     rows = [
         "| impl | median ms/step | speedup vs torch | final train loss | final val loss |",
         "|---|---:|---:|---:|---:|",
     ]
-    for impl, r in results.items():
+    for impl in IMPLS:
+        r = rounds[-1][impl]
+        ms = statistics.median(x[impl]["median_ms_per_step"] for x in rounds)
+        speed = "1.00x" if impl == "torch" else f"{statistics.median(ratios):.2f}x"
+        if impl != "torch" and len(rounds) > 1:
+            speed += f" [{min(ratios):.2f}-{max(ratios):.2f}]"
         rows.append(
-            f"| {impl} | {r['median_ms_per_step']:.1f} | {base / r['median_ms_per_step']:.2f}x "
+            f"| {impl} | {ms:.1f} | {speed} "
             f"| {r['train_losses'][-1]:.4f} | {r['eval'][-1]['loss']:.4f} |"
         )
     return "\n".join(rows)
@@ -119,16 +133,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=HERE / "out", help="output directory")
     p.add_argument("--png", type=Path, help="plot (default: OUT/char_lm.png)")
+    p.add_argument(
+        "--rounds", type=int, default=3, help="runs of each impl, taking turns (1 or more)"
+    )
     args, extra = p.parse_known_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     args.png = args.png or args.out / "char_lm.png"  # never over a tracked file
     if "--impl" in extra or any(a.startswith("--impl=") for a in extra):
         p.error("--impl is chosen by compare.py (both are run); leave it out")
 
+    rounds: list[dict[str, dict[str, Any]]] = []
     try:
-        results = {impl: run_impl(impl, args.out, extra) for impl in IMPLS}
+        for n in range(args.rounds):
+            order = IMPLS if n % 2 == 0 else IMPLS[::-1]
+            rounds.append({impl: run_impl(impl, args.out, extra) for impl in order})
     except RuntimeError as exc:
         print(f"compare.py: {exc}", file=sys.stderr)
         return 1
+    results = {impl: rounds[-1][impl] for impl in IMPLS}  # the curves: every round's are alike
+    ratios = speedups(rounds)
 
     diff = curve_difference(results["torch"]["train_losses"], results["lstmgrad"]["train_losses"])
     val_diff = max(
@@ -136,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         for a, b in zip(results["torch"]["eval"], results["lstmgrad"]["eval"], strict=True)
     )
     plot(results, args.png)
-    md = table(results)
+    md = table(rounds)
     print(md)
     print()
     print(
@@ -150,13 +174,16 @@ def main(argv: list[str] | None = None) -> int:
         "train_loss_difference": diff,
         "val_loss_max_abs_difference": val_diff,
         "png": str(args.png),
+        "rounds": args.rounds,
+        "speedup_vs_torch": statistics.median(ratios),
+        "round_speedups": ratios,
         "runs": {
             impl: {
                 "json": str(args.out / f"char_lm-{impl}.json"),
-                "median_ms_per_step": r["median_ms_per_step"],
-                "mean_ms_per_step": r["mean_ms_per_step"],
-                "speedup_vs_torch": results["torch"]["median_ms_per_step"]
-                / r["median_ms_per_step"],
+                "median_ms_per_step": statistics.median(
+                    x[impl]["median_ms_per_step"] for x in rounds
+                ),
+                "round_median_ms_per_step": [x[impl]["median_ms_per_step"] for x in rounds],
                 "final_train_loss": r["train_losses"][-1],
                 "final_val_loss": r["eval"][-1]["loss"],
                 "threads": r["threads"],

@@ -71,14 +71,32 @@ def test_impls_track_each_other(runs: dict[str, dict]) -> None:
 
 def test_compare(tmp_path: Path) -> None:
     png = tmp_path / "plot" / "char_lm.png"
-    proc = run("compare.py", "--out", str(tmp_path), "--png", str(png), *TINY)
+    proc = run("compare.py", "--out", str(tmp_path), "--png", str(png), "--rounds", "2", *TINY)
     assert "| impl | median ms/step | speedup vs torch |" in proc.stdout
     assert "| lstmgrad |" in proc.stdout and "max |torch - lstmgrad|" in proc.stdout
     assert png.stat().st_size > 0
     summary = json.loads((tmp_path / "compare.json").read_text())
     assert set(summary["runs"]) == {"torch", "lstmgrad"}
     assert summary["train_loss_difference"]["max_rel"] < 1e-4
-    assert summary["runs"]["torch"]["speedup_vs_torch"] == 1.0
+    # two rounds, each side's run times kept; the speedup is the median of the rounds' ratios
+    ms = {k: v["round_median_ms_per_step"] for k, v in summary["runs"].items()}
+    assert summary["rounds"] == 2 and all(len(v) == 2 and min(v) > 0 for v in ms.values())
+    ratios = [t / o for t, o in zip(ms["torch"], ms["lstmgrad"], strict=True)]
+    assert summary["round_speedups"] == pytest.approx(ratios)
+    assert summary["speedup_vs_torch"] == pytest.approx(sum(ratios) / 2)
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("| lstmgrad |"))
+    assert f"{sum(ratios) / 2:.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]" in line
+
+
+def test_compare_rejects_no_rounds(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "compare.py"), "--rounds", "0", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2 and "--rounds must be at least 1, got 0" in proc.stderr
 
 
 def test_compare_rejects_impl(tmp_path: Path) -> None:
