@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"compare.py: {exc}", file=sys.stderr)
         return 1
-    results = {impl: rounds[-1][impl] for impl in IMPLS}  # the curves: every round's are alike
+    results = {impl: rounds[-1][impl] for impl in IMPLS}  # the last round's curves
     ratios = speedups(rounds)
 
     diff = curve_difference(results["torch"]["train_losses"], results["lstmgrad"]["train_losses"])
