@@ -59,6 +59,11 @@ def speedups(rounds: list[dict[str, dict[str, Any]]]) -> list[float]:
     return [r["torch"]["median_ms_per_step"] / r["lstmgrad"]["median_ms_per_step"] for r in rounds]
 
 
+def median_ms(rounds: list[dict[str, dict[str, Any]]], impl: str) -> float:
+    """The median over rounds of ``impl``'s median ms/step."""
+    return statistics.median(r[impl]["median_ms_per_step"] for r in rounds)
+
+
 def table(rounds: list[dict[str, dict[str, Any]]]) -> str:
     """Return the markdown comparison table: per impl the median over rounds of each run's
     median ms/step; the speedup is the median of the rounds' ratios, with their range."""
@@ -69,7 +74,7 @@ def table(rounds: list[dict[str, dict[str, Any]]]) -> str:
     ]
     for impl in IMPLS:
         r = rounds[-1][impl]
-        ms = statistics.median(x[impl]["median_ms_per_step"] for x in rounds)
+        ms = median_ms(rounds, impl)
         speed = "1.00x" if impl == "torch" else f"{statistics.median(ratios):.2f}x"
         if impl != "torch" and len(rounds) > 1:
             speed += f" [{min(ratios):.2f}-{max(ratios):.2f}]"
@@ -180,9 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": {
             impl: {
                 "json": str(args.out / f"char_lm-{impl}.json"),
-                "median_ms_per_step": statistics.median(
-                    x[impl]["median_ms_per_step"] for x in rounds
-                ),
+                "median_ms_per_step": median_ms(rounds, impl),
                 "round_median_ms_per_step": [x[impl]["median_ms_per_step"] for x in rounds],
                 "final_train_loss": r["train_losses"][-1],
                 "final_val_loss": r["eval"][-1]["loss"],

@@ -88,23 +88,19 @@ def test_compare(tmp_path: Path) -> None:
     assert f"{sum(ratios) / 2:.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]" in line
 
 
-def test_compare_rejects_no_rounds(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rounds", "0"], "--rounds must be at least 1, got 0"),
+        (["--impl", "torch"], "--impl is chosen by compare.py"),
+    ],
+)
+def test_compare_rejects_bad_arguments(tmp_path: Path, args: list[str], message: str) -> None:
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "compare.py"), "--rounds", "0", "--out", str(tmp_path)],
+        [sys.executable, str(EXAMPLES / "compare.py"), *args, "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    assert proc.returncode == 2 and "--rounds must be at least 1, got 0" in proc.stderr
-
-
-def test_compare_rejects_impl(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "compare.py"), "--impl", "torch", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 2 and "--impl is chosen by compare.py" in proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr
