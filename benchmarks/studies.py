@@ -189,9 +189,56 @@ def memory(args: argparse.Namespace) -> dict | None:
 # scaling: lstmgrad's backward and forward + backward with 1 thread and with all usable ones
 
 
+# one process per CPU: a one-thread float32 GEMM loop pinned there, started at a set time
+_CEILING_CHILD = """
+import os, sys, time, torch
+cpu, start, reps, n = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), 512
+os.sched_setaffinity(0, {cpu})
+torch.set_num_threads(1)
+a, b = torch.randn(n, n), torch.randn(n, n)
+for _ in range(5):
+    a @ b
+while time.time() < start:
+    time.sleep(0.001)
+t0 = time.perf_counter()
+for _ in range(reps):
+    a @ b
+print(2 * n**3 * reps / (time.perf_counter() - t0) / 1e9)
+"""
+
+
+def _gemm_rates(cpus: list[int], reps: int, delay: float = 5.0) -> list[float]:
+    """GFLOP/s of :data:`_CEILING_CHILD` on each of ``cpus`` at once (one child per CPU),
+    started ``delay`` seconds from now (after every child has imported torch)."""
+    start = time.time() + delay
+    procs = [subprocess.Popen([sys.executable, "-c", _CEILING_CHILD, str(cpu), str(start),
+                               str(reps)], stdout=subprocess.PIPE, text=True)
+             for cpu in cpus]  # fmt: skip
+    return [float(p.communicate()[0]) for p in procs]
+
+
+def ceiling(cpus: list[int], rounds: int) -> dict[str, Any]:
+    """What the machine gives a second (third...) thread of compute-bound work: the summed
+    GFLOP/s of one-thread GEMMs on all ``cpus`` at once over one alone (on the first), the
+    median of ``rounds`` rounds. A CPU shared with another tenant (or two logical CPUs of one
+    core) gives far less than its count: the engine's speedup from threads is bounded by it."""
+    reps = max(50, int(_gemm_rates(cpus[:1], 50)[0] * 1e9 / (2 * 512**3)))  # about 1 s alone
+    alone, together, ratios = [], [], []
+    for _ in range(rounds):
+        one = _gemm_rates(cpus[:1], reps)[0]
+        many = _gemm_rates(cpus, reps)
+        alone.append(one)
+        together.append(sum(many))
+        ratios.append(sum(many) / one)
+    return {"cpus": cpus, "alone_gflops": statistics.median(alone),
+            "together_gflops": statistics.median(together), "ratio": statistics.median(ratios),
+            "ratios": ratios}  # fmt: skip
+
+
 def scaling(args: argparse.Namespace) -> dict:
     """lstmgrad given torch tensors (its GEMMs on torch), torch's and Numba's threads set
-    before each rep; the speedup is the median of per-round ratios t(1) / t(n)."""
+    before each rep; the speedup is the median of per-round ratios t(1) / t(n). First the
+    machine's own ceiling for that speedup (:func:`ceiling`)."""
     import numba
     import torch
     import worker
@@ -204,6 +251,13 @@ def scaling(args: argparse.Namespace) -> dict:
 
     counts = sorted({1, visible_cpus()})
     print(f"{header()}; threads compared: {counts}")
+    cpus = sorted(os.sched_getaffinity(0))[: counts[-1]]
+    top = ceiling(cpus, args.ceiling_rounds) if len(cpus) > 1 and args.ceiling_rounds else None
+    if top is not None:
+        each = " ".join(f"{r:.2f}" for r in top["ratios"])
+        print(f"ceiling: one-thread GEMMs on CPUs {cpus} at once {top['together_gflops']:.0f} "
+              f"GFLOP/s against {top['alone_gflops']:.0f} alone: {top['ratio']:.2f}x "
+              f"(rounds: {each})")  # fmt: skip
     rows = []
     for shape_id in args.shapes.split(","):
         worker.ROLE, worker.INPUT = "lstmgrad", "tensors"  # worker.py's items, in this process
@@ -226,7 +280,7 @@ def scaling(args: argparse.Namespace) -> dict:
                          **{f"ms_{n}": v for n, v in ms.items()}})  # fmt: skip
             each = "  ".join(f"{n} thr {v:.1f} ms" for n, v in ms.items())
             print(f"{shape_id:8s} {label:17s} {each}  speedup {speedup:.2f}x")
-    return {"rows": rows}
+    return {"rows": rows, "ceiling": top}
 
 
 # --------------------------------------------------------------------------------------------
@@ -314,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", nargs=2, metavar=("CONFIG", "SIDE"), help=argparse.SUPPRESS)
     parsers["scaling"].add_argument("--shapes", default="med-3,large-1,med-1,med-5")
     parsers["scaling"].add_argument("--rounds", type=int, default=7)
+    parsers["scaling"].add_argument("--ceiling-rounds", type=int, default=3,
+                                    help="rounds of the machine's own ceiling (0: skip)")  # fmt: skip
     parsers["lowp"].add_argument("--shapes", default="med-3,small")
     parsers["lowp"].add_argument("--modes", default="f32,bf16,autocast-bf16,f16,autocast-f16,proj")
     parsers["lowp"].add_argument("--rounds", type=int, default=5)
