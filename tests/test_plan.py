@@ -242,6 +242,63 @@ def test_close_passes_get_more_rounds(monkeypatch):
     assert calls[1] == calls[2] == 1 + rounds + 1
 
 
+def test_paired_phases_follow_the_rounds_not_the_luckiest_runs():
+    """On a machine whose speed drifts between rounds, each candidate's phases are the best
+    candidate's least times its median ratio to the best within the rounds: "b" is 10% slower
+    than "a" side by side in every round, though its own least (in the fast round) is under
+    a's least in the slow ones; a candidate missing from a round (extra rounds) is paired
+    only where both ran."""
+    rounds = [
+        {"a": [2.0, 4.0], "b": [2.2, 4.4], "c": [3.0, 8.0]},  # slow machine
+        {"a": [1.0, 2.0], "b": [1.1, 2.2], "c": [1.5, 4.0]},  # fast machine
+        {"a": [2.0, 4.0], "b": [2.2, 4.4]},  # an extra round without c
+    ]
+    phases = tune._paired_phases(rounds, ["a", "b", "c"], "a")
+    assert phases["a"] == [1.0, 2.0]
+    assert phases["b"] == pytest.approx([1.1, 2.2])
+    assert phases["c"] == pytest.approx([1.5, 4.0])
+
+
+def test_pass_phases_are_paired_within_rounds(monkeypatch):
+    """_pass_times pairs the candidates within its rounds: the machine running twice as fast
+    during one run of "two" (10% slower than "one" side by side) does not make it look the
+    faster, as the least of each candidate's runs would."""
+    import types
+
+    from lstmgrad import api
+
+    clock = [0.0]
+    runs = {"two": 0}
+
+    def cost(seconds):
+        threads = plan.overrides()["threads"]
+        factor = 1.0 if threads == 1 else 1.1
+        if threads == 2:  # its fourth and fifth runs (second round: untimed + timed) are fast
+            factor *= 0.5 if runs["two"] in (4, 5) else 1.0
+        clock[0] += seconds * factor
+
+    def forward(*args, **kwargs):
+        cost(1.0)
+        saved = types.SimpleNamespace(**{k: None for k in ("i", "g", "f", "o", "h", "c", "tanhc")})
+        return types.SimpleNamespace(saved=saved)
+
+    def backward(*args, **kwargs):
+        cost(2.0)
+        if plan.overrides()["threads"] == 2:
+            runs["two"] += 1
+
+    monkeypatch.setattr(tune, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(api, "lstm_forward", forward)
+    monkeypatch.setattr(api, "lstm_backward", backward)
+    candidates = {"one": {"threads": 1}, "two": {"threads": 2}}
+    dims = {"T": 3, "B": 2, "I": 3, "H": 4, "D": 1, "dtype": "float32"}
+    phases: dict[str, list[float]] = {}
+    seconds = tune._pass_times(dims, "numpy", candidates, phases)
+    assert seconds["two"] < seconds["one"]  # its lucky run, as the least of each sees it
+    assert phases["two"][0] > phases["one"][0] and phases["two"][1] > phases["one"][1]
+    assert phases["two"][1] / phases["one"][1] == pytest.approx(1.1)
+
+
 def _scripted_step_measurements(monkeypatch, walk_times) -> dict[str, dict]:
     """measure_steps on scripted measurements, two threads with pairs available: one library
     method ("blas", 1e-6 a product, so 2e-6 the best forward + backward pair), the walks'

@@ -378,8 +378,11 @@ def _pass_times(dims_args: dict[str, Any], kind: str, candidates: dict[str, dict
     one whose first run took over three times the best first run. Candidates still within
     :data:`_CLOSE` of the best take up to :data:`_PASS_ROUNDS` more rounds among themselves:
     on a machine whose speed varies, one lucky run would otherwise decide a close call, and
-    the decision is kept on disk. ``phase_seconds`` gets, per candidate not dropped, the least
-    seconds of its forward and of its backward."""
+    the decision is kept on disk. ``phase_seconds`` gets, per candidate not dropped, the
+    seconds of its forward and of its backward as the least of the best candidate's (the least
+    total) times the median over the rounds of the candidate's ratio to it in each round: runs
+    side by side in one round see the machine alike, the least of each over all rounds may
+    come from different moments of a drifting machine and flipped close calls."""
     from . import api, plan
 
     t, b, i, h, d = (dims_args[k] for k in "TBIHD")
@@ -411,18 +414,19 @@ def _pass_times(dims_args: dict[str, Any], kind: str, candidates: dict[str, dict
                           s.tanhc, bidirectional=bidir)  # fmt: skip
         phases[:] = [t1 - t0, time.perf_counter() - t1]
 
-    def timed(name: str) -> float:  # each phase's least seconds kept apart too
+    def timed(name: str) -> float:  # each round's phase seconds kept too
         with plan.forced(**candidates[name]):
             total = _timed(run, 1, warm=True)
-        split[name] = [min(a, b) for a, b in zip(split.get(name, phases), phases, strict=True)]
+        rounds[-1][name] = list(phases)
         return total
 
     token = calibrating.set(True)
-    split: dict[str, list[float]] = {}
+    rounds: list[dict[str, list[float]]] = [{}]  # per round, each candidate's phase seconds
     try:
         seconds: dict[str, float] = {}
         for name in candidates:  # warm: compiles, allocates, first plans
             seconds[name] = timed(name)
+        rounds[:] = []  # the first runs are not paired: they compile and allocate
         first = min(seconds.values())
         alive = [name for name, t in seconds.items() if t <= 3 * first]
         seconds = {name: (t if name in alive else float("inf")) for name, t in seconds.items()}
@@ -432,13 +436,33 @@ def _pass_times(dims_args: dict[str, Any], kind: str, candidates: dict[str, dict
                 alive = [name for name in alive if seconds[name] <= _CLOSE * best]
                 if len(alive) < 2:
                     break
+            rounds.append({})
             for name in alive:  # each timed run after one of its own, as in a training loop
                 seconds[name] = min(seconds[name], timed(name))
         if phase_seconds is not None:
-            phase_seconds.update({n: split[n] for n, t in seconds.items() if t != float("inf")})
+            kept = [n for n, t in seconds.items() if t != float("inf")]
+            phase_seconds.update(_paired_phases(rounds, kept, min(kept, key=seconds.__getitem__)))
         return seconds
     finally:
         calibrating.reset(token)
+
+
+def _paired_phases(rounds: list[dict[str, list[float]]], names: list[str],
+                   ref: str) -> dict[str, list[float]]:  # fmt: skip
+    """Per candidate of ``names``, its [forward, backward] seconds: the least of ``ref``'s
+    over the rounds times the median of its ratios to ``ref`` in the rounds both ran."""
+    out: dict[str, list[float]] = {}
+    ran = [r for r in rounds if ref in r]
+    for name in names:
+        own = [r[name] for r in rounds if name in r]
+        out[name] = []
+        for p in range(2):
+            ratios = [r[name][p] / r[ref][p] for r in ran if name in r and r[ref][p] > 0]
+            if ratios:
+                out[name].append(min(r[ref][p] for r in ran) * float(np.median(ratios)))
+            else:  # never side by side with ref: its own least
+                out[name].append(min((s[p] for s in own), default=float("inf")))
+    return out
 
 
 def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
