@@ -209,8 +209,9 @@ print(2 * n**3 * reps / (time.perf_counter() - t0) / 1e9)
 
 def _gemm_rates(cpus: list[int], reps: int, delay: float = 5.0) -> list[float]:
     """GFLOP/s of :data:`_CEILING_CHILD` on each of ``cpus`` at once (one child per CPU),
-    started ``delay`` seconds from now (after every child has imported torch)."""
-    start = time.time() + delay
+    started ``delay`` seconds from now (after every child has imported torch); a lone child
+    has no other to wait for and starts at once."""
+    start = time.time() + (delay if len(cpus) > 1 else 0.0)
     procs = [subprocess.Popen([sys.executable, "-c", _CEILING_CHILD, str(cpu), str(start),
                                str(reps)], stdout=subprocess.PIPE, text=True)
              for cpu in cpus]  # fmt: skip
