@@ -215,31 +215,52 @@ def test_recurrent_method_follows_the_sequence_length():
     assert tune.step_fields(entry, 2000, 1)["bwd_rec"] == "blas"
 
 
+def _scripted_passes(monkeypatch, seconds_of) -> None:
+    """The passes' forward and backward replaced: each adds ``seconds_of(threads, phase)`` to
+    the step loops' seconds the passes collect (fused.lstm.loop_seconds), nothing else."""
+    import types
+
+    from lstmgrad import api
+    from lstmgrad.fused import lstm as fused_lstm
+
+    def forward(*args, **kwargs):
+        fused_lstm.loop_seconds.get()[0] += seconds_of(plan.overrides()["threads"], 0)
+        saved = types.SimpleNamespace(**{k: None for k in ("i", "g", "f", "o", "h", "c", "tanhc")})
+        return types.SimpleNamespace(saved=saved)
+
+    def backward(*args, **kwargs):
+        fused_lstm.loop_seconds.get()[1] += seconds_of(plan.overrides()["threads"], 1)
+
+    monkeypatch.setattr(api, "lstm_forward", forward)
+    monkeypatch.setattr(api, "lstm_backward", backward)
+
+
 def test_close_passes_get_more_rounds(monkeypatch):
     """The passes' candidates within tune._CLOSE of the best run more rounds among themselves;
     a far one does not, and a candidate's later, faster runs decide."""
-    # scripted seconds per candidate (told apart by the forced field) and run
+    # scripted step-loop seconds per candidate (told apart by the forced field) and timed run
     scripts = {
         1: [1.00, 1.00, 1.00, 1.00, 0.90, 0.90, 0.90],  # threads=1: faster later
         2: [0.98] * 7,  # threads=2: the best after the first rounds
         3: [1.50] * 7,  # threads=3: alive (under 3x the best) but far
     }
-    calls = {1: 0, 2: 0, 3: 0}
+    runs = {1: 0, 2: 0, 3: 0}  # forward + backward runs: two a timed run (untimed, timed)
 
-    def timed(fn, reps, limit=float("inf"), warm=True):
-        threads = plan.overrides()["threads"]
-        calls[threads] += 1
-        return scripts[threads][calls[threads] - 1]
+    def seconds_of(threads, phase):
+        if phase == 0:
+            return 0.0
+        runs[threads] += 1
+        return scripts[threads][(runs[threads] - 1) // 2]
 
-    monkeypatch.setattr(tune, "_timed", timed)
+    _scripted_passes(monkeypatch, seconds_of)
     candidates = {"one": {"threads": 1}, "two": {"threads": 2}, "three": {"threads": 3}}
     dims = {"T": 3, "B": 2, "I": 3, "H": 4, "D": 1, "dtype": "float32"}
     seconds = tune._pass_times(dims, "numpy", candidates)
     assert seconds == {"one": 0.90, "two": 0.98, "three": 1.50}
     rounds = tune._PASS_ROUNDS
-    assert calls[3] == 1 + rounds  # the first run and the common rounds only
+    assert runs[3] == 2 * (1 + rounds)  # the first run and the common rounds only
     # one extra round each: then "two" (0.98) is past _CLOSE * 0.90 and the rounds stop
-    assert calls[1] == calls[2] == 1 + rounds + 1
+    assert runs[1] == runs[2] == 2 * (1 + rounds + 1)
 
 
 def test_paired_phases_follow_the_rounds_not_the_luckiest_runs():
@@ -263,33 +284,16 @@ def test_pass_phases_are_paired_within_rounds(monkeypatch):
     """_pass_times pairs the candidates within its rounds: the machine running twice as fast
     during one run of "two" (10% slower than "one" side by side) does not make it look the
     faster, as the least of each candidate's runs would."""
-    import types
-
-    from lstmgrad import api
-
-    clock = [0.0]
     runs = {"two": 0}
 
-    def cost(seconds):
-        threads = plan.overrides()["threads"]
+    def seconds_of(threads, phase):
         factor = 1.0 if threads == 1 else 1.1
         if threads == 2:  # its fourth and fifth runs (second round: untimed + timed) are fast
             factor *= 0.5 if runs["two"] in (4, 5) else 1.0
-        clock[0] += seconds * factor
+            runs["two"] += phase
+        return (1.0, 2.0)[phase] * factor
 
-    def forward(*args, **kwargs):
-        cost(1.0)
-        saved = types.SimpleNamespace(**{k: None for k in ("i", "g", "f", "o", "h", "c", "tanhc")})
-        return types.SimpleNamespace(saved=saved)
-
-    def backward(*args, **kwargs):
-        cost(2.0)
-        if plan.overrides()["threads"] == 2:
-            runs["two"] += 1
-
-    monkeypatch.setattr(tune, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    monkeypatch.setattr(api, "lstm_forward", forward)
-    monkeypatch.setattr(api, "lstm_backward", backward)
+    _scripted_passes(monkeypatch, seconds_of)
     candidates = {"one": {"threads": 1}, "two": {"threads": 2}}
     dims = {"T": 3, "B": 2, "I": 3, "H": 4, "D": 1, "dtype": "float32"}
     phases: dict[str, list[float]] = {}
@@ -297,6 +301,26 @@ def test_pass_phases_are_paired_within_rounds(monkeypatch):
     assert seconds["two"] < seconds["one"]  # its lucky run, as the least of each sees it
     assert phases["two"][0] > phases["one"][0] and phases["two"][1] > phases["one"][1]
     assert phases["two"][1] / phases["one"][1] == pytest.approx(1.1)
+
+
+def test_passes_time_the_step_loops_only():
+    """A real pass: a candidate's seconds are its step loops' (forward + backward), a fraction
+    of its whole run's: a wide input makes the big products, which no candidate changes, take
+    most of the run."""
+    import time
+
+    dims = {"T": 2, "B": 256, "I": 4096, "H": 4, "D": 1, "dtype": "float32"}
+    candidates = {"one": {"threads": 1}, "also": {"threads": 1}}
+    phases: dict[str, list[float]] = {}
+    seconds = tune._pass_times(dims, "numpy", candidates, phases)
+    t0 = time.perf_counter()
+    tune._pass_times(dims, "numpy", {"one": candidates["one"]})
+    run = (time.perf_counter() - t0) / (2 * (1 + tune._PASS_ROUNDS))  # two runs a round
+    kept = [name for name in candidates if seconds[name] < float("inf")]
+    assert kept and set(phases) == set(kept)
+    for name in kept:
+        assert all(0 < p for p in phases[name])
+        assert seconds[name] < run / 5
 
 
 def _scripted_step_measurements(monkeypatch, walk_times) -> dict[str, dict]:

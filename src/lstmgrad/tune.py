@@ -44,6 +44,9 @@ _PASS_ROUNDS = 3  # rounds of those passes, the candidates taking turns
 _CLOSE = 1.05  # candidates within this factor of the best get up to _PASS_ROUNDS more rounds
 _PRIVATE_MARGIN = 1.05  # a private op's products must beat the public GEMM's by this factor
 _PASS_INPUT = 128  # their input width at most: the big products' share stays small
+# walks on threads side by side also try each product within this factor of the fastest alone:
+# two threads' library calls at once can lose to the loops (they share the caches, the cores)
+_SIDE_BY_SIDE = 2.0
 
 
 def _timed(
@@ -371,19 +374,21 @@ def _split_min(b: int, h: int, cd: np.dtype, parts: int) -> int:
 
 def _pass_times(dims_args: dict[str, Any], kind: str, candidates: dict[str, dict[str, Any]],
                 phase_seconds: dict[str, list[float]] | None = None) -> dict[str, float]:  # fmt: skip
-    """Least seconds of one forward + backward of the engine on random data per candidate
-    (fields forced), the candidates taking turns for :data:`_PASS_ROUNDS` rounds so that a
+    """Least seconds of the step loops (lstmgrad.fused.lstm.loop_seconds: what the candidates
+    change; the big products would add only their noise) in one forward + backward of the
+    engine on random data per candidate (fields forced), the candidates taking turns for :data:`_PASS_ROUNDS` rounds so that a
     drift of the machine's speed reaches them alike, each timed run after an untimed one of
     the same candidate (the caches and thread pools as a repeated call finds them); inf for
     one whose first run took over three times the best first run. Candidates still within
     :data:`_CLOSE` of the best take up to :data:`_PASS_ROUNDS` more rounds among themselves:
     on a machine whose speed varies, one lucky run would otherwise decide a close call, and
     the decision is kept on disk. ``phase_seconds`` gets, per candidate not dropped, the
-    seconds of its forward and of its backward as the least of the best candidate's (the least
+    seconds of its forward's and of its backward's step loops as the least of the best candidate's (the least
     total) times the median over the rounds of the candidate's ratio to it in each round: runs
     side by side in one round see the machine alike, the least of each over all rounds may
     come from different moments of a drifting machine and flipped close calls."""
     from . import api, plan
+    from .fused import lstm as fused_lstm
 
     t, b, i, h, d = (dims_args[k] for k in "TBIHD")
     cd = np.dtype(dims_args["dtype"])
@@ -403,22 +408,26 @@ def _pass_times(dims_args: dict[str, Any], kind: str, candidates: dict[str, dict
         params = [torch.from_numpy(p) for p in params]
         hx = [torch.from_numpy(a) for a in hx]
     bidir = d == 2
-    phases = [0.0, 0.0]  # the last run's forward and backward seconds
+    phases = [0.0, 0.0]  # the last run's step loops' forward and backward seconds
 
     def run() -> None:
-        t0 = time.perf_counter()
-        fw = api.lstm_forward(x, params, hx, bidirectional=bidir)
-        t1 = time.perf_counter()
-        s: Any = fw.saved
-        api.lstm_backward(x, hx, params, dy, None, None, s.i, s.g, s.f, s.o, s.h, s.c,
-                          s.tanhc, bidirectional=bidir)  # fmt: skip
-        phases[:] = [t1 - t0, time.perf_counter() - t1]
+        loops = [0.0, 0.0]
+        token = fused_lstm.loop_seconds.set(loops)
+        try:
+            fw = api.lstm_forward(x, params, hx, bidirectional=bidir)
+            s: Any = fw.saved
+            api.lstm_backward(x, hx, params, dy, None, None, s.i, s.g, s.f, s.o, s.h, s.c,
+                              s.tanhc, bidirectional=bidir)  # fmt: skip
+        finally:
+            fused_lstm.loop_seconds.reset(token)
+        phases[:] = loops
 
-    def timed(name: str) -> float:  # each round's phase seconds kept too
+    def timed(name: str) -> float:  # the step loops' seconds of a run after an untimed one
         with plan.forced(**candidates[name]):
-            total = _timed(run, 1, warm=True)
+            run()
+            run()
         rounds[-1][name] = list(phases)
-        return total
+        return sum(phases)
 
     token = calibrating.set(True)
     rounds: list[dict[str, list[float]]] = [{}]  # per round, each candidate's phase seconds
@@ -505,14 +514,14 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
         # caches and memory: a close call in the passes is lost in a long run)
         block = -(-b // threads)
         if d == 1 and walks_may_win and b > 1:
-            in_block = _walk_product_times(gemm, w_hh, block, cd)[fields["walk_product"]]
-            if in_block < best:
-                candidates["rows"] = {**fields, "threads": threads, "walk": True,
-                                      "walk_rows": threads}  # fmt: skip
+            in_block = _walk_product_times(gemm, w_hh, block, cd)
+            if min(in_block.values()) < best:
+                rows = {**fields, "threads": threads, "walk": True, "walk_rows": threads}
+                candidates.update(_side_by_side("rows", rows, in_block))
         if d == 2 and walks_may_win:  # more threads than directions: blocks of rows too
-            candidates["pairs"] = {**fields, "threads": threads, "pair_walks": True,
-                                   "split_min": split_min,
-                                   "walk_rows": max(1, min(b, threads // 2))}  # fmt: skip
+            pairs = {**fields, "threads": threads, "pair_walks": True, "split_min": split_min,
+                     "walk_rows": max(1, min(b, threads // 2))}  # fmt: skip
+            candidates.update(_side_by_side("pairs", pairs, walk))
     seconds: dict[str, float] = {}
     phases: dict[str, list[float]] = {}
     steps = 0
@@ -533,7 +542,7 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
             "split_min": chosen.get("split_min", 0),
             "pair_walks": chosen.get("pair_walks", False),
             "walk": chosen.get("walk", False),
-            "walk_product": fields["walk_product"],
+            "walk_product": chosen.get("walk_product", fields["walk_product"]),
             "walk_rows": chosen.get("walk_rows", 1),
             "fwd_walk": chosen.get("fwd_walk", True),
         },
@@ -542,6 +551,17 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
         "passes": seconds,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+
+
+def _side_by_side(name: str, fields: dict[str, Any], products: dict[str, float]
+                  ) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Candidates of walks on threads side by side: ``name`` with the product fastest alone
+    (``products``: seconds per walk product at a walk's rows), ``name-<product>`` with each
+    other one within :data:`_SIDE_BY_SIDE` of it."""
+    ranked = sorted(products, key=products.__getitem__)
+    kept = [p for p in ranked if products[p] <= _SIDE_BY_SIDE * products[ranked[0]]]
+    return {(name if p == ranked[0] else f"{name}-{p}"): {**fields, "walk_product": p}
+            for p in kept}  # fmt: skip
 
 
 def _arrangement(arrangement: dict[str, Any], rec: dict[str, Any], steps: int) -> dict[str, Any]:

@@ -23,7 +23,11 @@ values passed between layers are kept in the compute dtype but hold storage-roun
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+import time
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -35,6 +39,26 @@ from ..workspace import Arena, Slot, block
 from . import half, kernels, walks
 
 __all__ = ["compute_dtype"]
+
+#: where set (lstmgrad.tune's passes), [forward, backward] seconds of the step loops (their
+#: recurrent weights' preparation included) are added to it: what a thread arrangement changes
+loop_seconds: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar(
+    "lstmgrad_loop_seconds", default=None
+)
+
+
+@contextlib.contextmanager
+def _step_loops(phase: int) -> Iterator[None]:
+    """Adds the block's seconds to loop_seconds[phase] where that is set."""
+    seconds = loop_seconds.get()
+    if seconds is None:
+        yield
+        return
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[phase] += time.perf_counter() - t0
 
 
 class _Steps:
@@ -349,18 +373,20 @@ def lstm_forward(
                     pair.append(walk)
                     continue
                 fn = _walk_gemm(plan, gemm, cd)
-                if plan.walk_rows > 1:  # blocks of rows on threads of their own
-                    walks.forward_walk_parts(walk, walk, _parts(plan, st, batch), st.ns,
-                                             st.offsets, fn)  # fmt: skip
-                else:
-                    walks.forward_walk_of(walk, st.ns, st.offsets, fn, 0, batch)
+                with _step_loops(0):
+                    if plan.walk_rows > 1:  # blocks of rows on threads of their own
+                        walks.forward_walk_parts(walk, walk, _parts(plan, st, batch), st.ns,
+                                                 st.offsets, fn)  # fmt: skip
+                    else:
+                        walks.forward_walk_of(walk, st.ns, st.offsets, fn, 0, batch)
             else:
-                rec = gemm.fixed(w_hh.T, plan.fwd_rec, batch, plan.transpose_threads)  # h -> gh
-                for t, n, off in st.walks[d]:
-                    g_rec = rec(h[:n], gh[:n]) if n else gh  # in gh or the library's result
-                    step_acts = tuple(a[t] for a in acts)
-                    _forward_step(plan, hidden, gx[off : off + n], g_rec, bias, h, c, n,
-                                  step_acts, y_d[t])  # fmt: skip
+                with _step_loops(0):
+                    rec = gemm.fixed(w_hh.T, plan.fwd_rec, batch, plan.transpose_threads)
+                    for t, n, off in st.walks[d]:
+                        g_rec = rec(h[:n], gh[:n]) if n else gh  # in gh or the library's result
+                        step_acts = tuple(a[t] for a in acts)
+                        _forward_step(plan, hidden, gx[off : off + n], g_rec, bias, h, c, n,
+                                      step_acts, y_d[t])  # fmt: skip
             hy[k], cy[k] = h, c  # a rounding point (docs/math.md)
             if cd != dtype:
                 if call.train:
@@ -368,8 +394,9 @@ def lstm_forward(
                         half.assign(saved[n_][k], a, cv)
                 half.assign(y[..., d * hidden : (d + 1) * hidden], y_d, cv)
         if pair:  # float32/float64 storage: the walks wrote saved and y themselves
-            walks.forward_walk_parts(pair[0], pair[1], _parts(plan, st, batch), st.ns,
-                                     st.offsets, _walk_gemm(plan, gemm, cd))  # fmt: skip
+            with _step_loops(0):
+                walks.forward_walk_parts(pair[0], pair[1], _parts(plan, st, batch), st.ns,
+                                         st.offsets, _walk_gemm(plan, gemm, cd))  # fmt: skip
             for d in range(2):
                 hy[layer * 2 + d], cy[layer * 2 + d] = h_buf[d], c_buf[d]
     result_saved = None
@@ -628,8 +655,9 @@ def lstm_backward(
                 pair.append(_backward_walk(call, dr, w_hh, st))
             flags = (need_dh, st.dense, with_db)
             fn = _walk_gemm(plan, gemm, cd)
-            walks.backward_walk_parts(pair[0], pair[1], _parts(plan, st, batch), dy is not None,
-                                      st.ns, st.offsets, flags, fn)  # fmt: skip
+            with _step_loops(1):
+                walks.backward_walk_parts(pair[0], pair[1], _parts(plan, st, batch),
+                                          dy is not None, st.ns, st.offsets, flags, fn)  # fmt: skip
         dx_parts: list[np.ndarray] = []
         # dense steps: dx's rows are the [T, B] rows of the layer below's dy (or of the result)
         dx_rows = None
@@ -646,7 +674,8 @@ def lstm_backward(
                     _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp, need_dw, c_packed)
                 _initial_grads(call, dr)
                 w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd, cv)  # [4H, H]
-                _walk_back(call, plan, gemm, st, w_hh, dr, dy is not None)
+                with _step_loops(1):
+                    _walk_back(call, plan, gemm, st, w_hh, dr, dy is not None)
             elif need_dw:  # this direction's h_prev (the directions share hp)
                 _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp, with_c=False)
             if need_dw and layout == "tn":
