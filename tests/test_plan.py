@@ -365,15 +365,17 @@ def test_walk_product_chosen_and_walks_not_timed_where_they_cannot_win(monkeypat
 
 
 @pytest.mark.parametrize("block_fast", [False, True])
-def test_row_walks_timed_where_a_block_product_beats_the_library(monkeypatch, block_fast):
-    """One direction, two threads: the row-block walks are a candidate only where the walk's
-    product of one block's rows (B / threads) on its thread takes less than the library's
-    product of all rows on all threads."""
+def test_row_walks_timed_unless_a_block_product_is_far_slower_than_the_library(monkeypatch,
+                                                                                block_fast):  # fmt: skip
+    """One direction, two threads: the row-block walks are a candidate unless the walk's
+    product of one block's rows (B / threads) on its thread takes over tune._WALK_BOUND times
+    the library's product of all rows on all threads (2e-6 here)."""
+    bound = tune._WALK_BOUND * 2e-6
 
     def walk_times(gemm, w_hh, rows, cd):  # whole batch 3e-6 (may win), a block as asked
         if rows == TINY.B:
             return {"loop": 3e-6}
-        return {"loop": 1.5e-6 if block_fast else 2.5e-6}
+        return {"loop": 0.9 * bound if block_fast else 1.1 * bound}
 
     timed = _scripted_step_measurements(monkeypatch, walk_times)
     tune.measure_steps(plan.step_class(TINY, np.dtype(np.float32), "numpy"), NUMPY_GEMM)
@@ -381,6 +383,58 @@ def test_row_walks_timed_where_a_block_product_beats_the_library(monkeypatch, bl
     if block_fast:
         assert timed["rows"]["walk"] and timed["rows"]["walk_rows"] == 2
     assert "pairs" not in timed  # one direction
+
+
+@pytest.mark.parametrize("library_block", [2.5e-6, 4e-6])
+def test_row_walks_try_each_product_near_the_fastest_alone(monkeypatch, library_block):
+    """Walks side by side are timed with each walk product within tune._SIDE_BY_SIDE of the
+    fastest one timed alone (two threads' library calls at once can lose to the loops): the
+    chosen arrangement's product becomes the plan's."""
+    side = tune._SIDE_BY_SIDE
+
+    def walk_times(gemm, w_hh, rows, cd):
+        if rows == TINY.B:
+            return {"loop": 3e-6, "library": 2.5e-6}
+        return {"loop": 1.5e-6, "library": library_block}
+
+    timed = _scripted_step_measurements(monkeypatch, walk_times)
+
+    def passes(dims_args, kind, candidates, phase_seconds=None):
+        timed.update(candidates)  # the loop's rows walk fastest
+        phase_seconds.update({n: [0.5, 0.2 if n == "rows-loop" else 0.5] for n in candidates})
+        return {n: 1.0 for n in candidates}
+
+    monkeypatch.setattr(tune, "_pass_times", passes)
+    tune.measure_steps(plan.step_class(TINY, np.dtype(np.float32), "numpy"), NUMPY_GEMM)
+    assert timed["rows"]["walk_product"] == "loop"  # the fastest at a block's rows
+    assert ("rows-library" in timed) == (library_block <= side * 1.5e-6)
+    if "rows-library" in timed:
+        assert timed["rows-library"]["walk_product"] == "library"
+    assert timed["walk"]["walk_product"] == "library"  # one thread: the fastest at B rows
+    assert "rows-loop" not in timed
+
+
+def test_side_by_side_product_decides_the_plan(monkeypatch):
+    """The plan takes the walk product of the arrangement chosen, not the fastest alone."""
+
+    def walk_times(gemm, w_hh, rows, cd):
+        if rows == TINY.B:
+            return {"loop": 3e-6, "library": 2.5e-6}
+        return {"loop": 1.6e-6, "library": 1.5e-6}
+
+    timed = _scripted_step_measurements(monkeypatch, walk_times)
+
+    def passes(dims_args, kind, candidates, phase_seconds=None):
+        timed.update(candidates)
+        phase_seconds.update({n: [0.5, 0.2 if n == "rows-loop" else 0.5] for n in candidates})
+        return {n: 1.0 for n in candidates}
+
+    monkeypatch.setattr(tune, "_pass_times", passes)
+    entry = tune.measure_steps(plan.step_class(TINY, np.dtype(np.float32), "numpy"), NUMPY_GEMM)
+    assert {"rows", "rows-loop"} <= set(timed)
+    assert entry["plan"]["walk"] and entry["plan"]["walk_rows"] == 2
+    assert entry["plan"]["walk_product"] == "loop"
+    assert tune.step_fields(entry, 48)["walk_product"] == "loop"
 
 
 def test_private_product_method_only_for_a_clear_win():

@@ -44,6 +44,9 @@ _PASS_ROUNDS = 3  # rounds of those passes, the candidates taking turns
 _CLOSE = 1.05  # candidates within this factor of the best get up to _PASS_ROUNDS more rounds
 _PRIVATE_MARGIN = 1.05  # a private op's products must beat the public GEMM's by this factor
 _PASS_INPUT = 128  # their input width at most: the big products' share stays small
+# a walk whose products alone take over this factor of the library's best (all threads, and
+# its per-step calls and kernels, which a walk saves) is not timed in the passes
+_WALK_BOUND = 3.0
 # walks on threads side by side also try each product within this factor of the fastest alone:
 # two threads' library calls at once can lose to the loops (they share the caches, the cores)
 _SIDE_BY_SIDE = 2.0
@@ -497,10 +500,10 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     }
     walk = _walk_product_times(gemm, w_hh, b, cd)
     fields["walk_product"] = _best(walk)
-    # a walk's products on its one thread over 3x the best library's on all threads: neither
-    # a walk nor a pair of them can win
+    # a walk's products on its one thread over _WALK_BOUND x the best library's on all
+    # threads: neither a walk nor a pair of them can win
     best = sum(min(times["call"] for times in rec[k].values()) for k in rec)
-    walks_may_win = walk[fields["walk_product"]] < 3 * best
+    walks_may_win = walk[fields["walk_product"]] < _WALK_BOUND * best
     candidates: dict[str, dict[str, Any]] = {"one": {**fields, "threads": 1}}
     if walks_may_win:
         candidates["walk"] = {**fields, "threads": 1, "walk": True}  # no library call per step
@@ -509,13 +512,12 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
         # timed alone the split kernels can lose where, between the library's products, they
         # win: the passes judge it, splitting full steps at least
         candidates["split"] = {**fields, "threads": threads, "split_min": min(split_min, b * h)}
-        # one direction's rows in blocks, a thread each, where a block's products on its thread
-        # take less than the library's of all rows on all threads (the parts share the CPU's
-        # caches and memory: a close call in the passes is lost in a long run)
+        # one direction's rows in blocks, a thread each, unless a block's products on its
+        # thread take over _WALK_BOUND x the library's of all rows on all threads
         block = -(-b // threads)
         if d == 1 and walks_may_win and b > 1:
             in_block = _walk_product_times(gemm, w_hh, block, cd)
-            if min(in_block.values()) < best:
+            if min(in_block.values()) < _WALK_BOUND * best:
                 rows = {**fields, "threads": threads, "walk": True, "walk_rows": threads}
                 candidates.update(_side_by_side("rows", rows, in_block))
         if d == 2 and walks_may_win:  # more threads than directions: blocks of rows too
