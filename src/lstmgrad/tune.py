@@ -379,17 +379,18 @@ def _pass_times(dims_args: dict[str, Any], kind: str, candidates: dict[str, dict
                 phase_seconds: dict[str, list[float]] | None = None) -> dict[str, float]:  # fmt: skip
     """Least seconds of the step loops (lstmgrad.fused.lstm.loop_seconds: what the candidates
     change; the big products would add only their noise) in one forward + backward of the
-    engine on random data per candidate (fields forced), the candidates taking turns for :data:`_PASS_ROUNDS` rounds so that a
-    drift of the machine's speed reaches them alike, each timed run after an untimed one of
-    the same candidate (the caches and thread pools as a repeated call finds them); inf for
-    one whose first run took over three times the best first run. Candidates still within
-    :data:`_CLOSE` of the best take up to :data:`_PASS_ROUNDS` more rounds among themselves:
-    on a machine whose speed varies, one lucky run would otherwise decide a close call, and
-    the decision is kept on disk. ``phase_seconds`` gets, per candidate not dropped, the
-    seconds of its forward's and of its backward's step loops as the least of the best candidate's (the least
-    total) times the median over the rounds of the candidate's ratio to it in each round: runs
-    side by side in one round see the machine alike, the least of each over all rounds may
-    come from different moments of a drifting machine and flipped close calls."""
+    engine on random data per candidate (fields forced), the candidates taking turns for
+    :data:`_PASS_ROUNDS` rounds so that a drift of the machine's speed reaches them alike,
+    each timed run after an untimed one of the same candidate (the caches and thread pools as
+    a repeated call finds them); inf for one whose first run took over three times the best
+    first run. Candidates still within :data:`_CLOSE` of the best take up to
+    :data:`_PASS_ROUNDS` more rounds among themselves: on a machine whose speed varies, one
+    lucky run would otherwise decide a close call, and the decision is kept on disk.
+    ``phase_seconds`` gets, per candidate not dropped, the seconds of its forward's and of its
+    backward's step loops as the least of the best candidate's (the least total) times the
+    median over the rounds of the candidate's ratio to it in each round: runs side by side in
+    one round see the machine alike, the least of each over all rounds may come from
+    different moments of a drifting machine and flipped close calls."""
     from . import api, plan
     from .fused import lstm as fused_lstm
 

@@ -366,21 +366,21 @@ def lstm_forward(
             else:
                 acts = tuple(acts_buf)
                 y_d = layer_in[..., d * hidden : (d + 1) * hidden]  # free once xp is packed
-            if plan.fwd_walk and (plan.pair_walks or plan.walk):  # the step loop in one call
-                w_t = kernels.transposed(w_hh)  # [H, 4H]
-                walk = walks.ForwardWalk._make((gx, w_t, bias, h, c, gh, st.orders[d], *acts, y_d))
-                if plan.pair_walks:
-                    pair.append(walk)
-                    continue
-                fn = _walk_gemm(plan, gemm, cd)
-                with _step_loops(0):
+            with _step_loops(0):  # the step loop, its weight's preparation included
+                if plan.fwd_walk and (plan.pair_walks or plan.walk):  # the loop in one call
+                    w_t = kernels.transposed(w_hh)  # [H, 4H]
+                    walk = walks.ForwardWalk._make((gx, w_t, bias, h, c, gh, st.orders[d],
+                                                    *acts, y_d))  # fmt: skip
+                    if plan.pair_walks:
+                        pair.append(walk)
+                        continue
+                    fn = _walk_gemm(plan, gemm, cd)
                     if plan.walk_rows > 1:  # blocks of rows on threads of their own
                         walks.forward_walk_parts(walk, walk, _parts(plan, st, batch), st.ns,
                                                  st.offsets, fn)  # fmt: skip
                     else:
                         walks.forward_walk_of(walk, st.ns, st.offsets, fn, 0, batch)
-            else:
-                with _step_loops(0):
+                else:
                     rec = gemm.fixed(w_hh.T, plan.fwd_rec, batch, plan.transpose_threads)
                     for t, n, off in st.walks[d]:
                         g_rec = rec(h[:n], gh[:n]) if n else gh  # in gh or the library's result
