@@ -580,146 +580,203 @@ def lstm_backward(
 
     ``gemm`` and ``plan`` as in :func:`lstm_forward`.
     """
-    need_dx, need_dh, need_dc, need_dw = call.need
     if not any(call.need):
         return None, None, None, None
-    arena = arena or Arena()
-    dims, dtype = call.dims, call.dtype
-    plan = plan or plan_for(dims, dtype, gemm)
-    layout = plan.weight_grad
-    cd = compute_dtype(dtype)
-    t_steps, batch, hidden = dims.T, dims.B, dims.H
-    st = _steps(dims, call.mask)
-    n_rows = st.total
-    (xh_buf, dg_buf, cp_buf, dw_buf, dh_buf, dc_buf, dx_buf, dy_buf, acts_buf, xht_buf,
-     dgt_buf, db_buf) = arena.take_all(backward_workspace_slots(dims, dtype, gemm, plan))  # fmt: skip
-    with_db = need_dw and dims.has_bias
-    bufs = {"dw": dw_buf, "xht": xht_buf, "dgt": dgt_buf, "dgt_flat": dgt_buf.reshape(-1)}
-    xh_flat, xht_flat = xh_buf.reshape(-1), xht_buf.reshape(-1)  # for walks.transpose_cols
-    # every result in one (recycled) allocation: see workspace.block
-    state = (dims.K, batch, hidden)
-    dx_shape = (t_steps, batch, dims.I) if need_dx else (0,)
-    dw_shapes = [p.shape for p in call.params] if need_dw else []
-    if need_dw and layout == "nt2":  # dW_ih, dW_hh: the GEMMs' results themselves
-        for layer, d in np.ndindex(dims.L, dims.D):
-            dw_shapes[dims.index(layer, d, W_IH)] = dw_shapes[dims.index(layer, d, W_HH)] = (0,)
-    # dx in an allocation of its own, so that keeping the small results does not pin it
-    outs = block([dx_shape], dtype) + block([state, state] + dw_shapes, dtype)
-    dh_prev = outs[1] if need_dh else None
-    dc_prev = outs[2] if need_dc else None
-    dparams = outs[3:] if need_dw else None
-    tt, cv = plan.transpose_threads, _conversion(plan, gemm)
-    masks = [_c(m, cd, cv) for m in call.dropout_masks] if call.dropout_masks else None
-    dy = None if call.dy is None else _in(call.dy, cd, cv)
-    dx_out = None
-    dummy = np.zeros((1, 1, 1), dtype=cd)
-    for layer in reversed(range(dims.L)):
-        width = dims.layer_input_size(layer)
-        want_dx = layer > 0 or need_dx
-        # [x | h_prev] rows in xh
-        xh = _dense(xh_buf, n_rows, width + hidden)
-        hp, hp_col = xh, width
-        if layout in ("nt2", "rows2"):  # x [N, I_l] then h_prev [N, H], each dense
-            xh = _dense(xh_buf, n_rows, width)
-            hp = xh_flat[n_rows * width : n_rows * (width + hidden)].reshape(n_rows, hidden)
+    run = _BackwardRun(call, arena or Arena(), gemm, plan or plan_for(call.dims, call.dtype, gemm))
+    for layer in reversed(range(call.dims.L)):
+        rows = run.layer_rows(layer)
+        dirs = run.directions(layer)
+        if run.plan.pair_walks:  # both directions' walks at once (fused.walks)
+            run.walk_pair(layer, dirs, rows)
+        dx_rows = run.dx_rows(layer)
+        dx_parts = [run.direction(layer, dr, rows, dx_rows) for dr in dirs]
+        if layer > 0 or call.need[0]:
+            run.layer_dx(layer, dx_parts, dx_rows)
+    return run.dx_out, run.dh_prev, run.dc_prev, run.dparams
+
+
+class _Rows:
+    """A layer's rows for the weight gradient: ``xh`` the layout's matrix ([x | h_prev], or x
+    alone in the "nt2" and "rows2" layouts), h_prev written into ``hp`` from column ``hp_col``,
+    and the views ``x_rows`` (the layer input) and ``h_rows`` (h_prev)."""
+
+    def __init__(self, xh, hp, hp_col, x_rows, h_rows) -> None:  # type: ignore[no-untyped-def]
+        self.xh, self.hp, self.hp_col, self.x_rows, self.h_rows = xh, hp, hp_col, x_rows, h_rows
+
+
+class _BackwardRun:
+    """One :func:`lstm_backward` call: its scratch (from the arena), its results (one recycled
+    allocation, dx in one of its own) and the steps of each layer."""
+
+    def __init__(self, call: BackwardCall, arena: Arena, gemm: Gemm, plan: Plan) -> None:
+        self.call, self.gemm, self.plan = call, gemm, plan
+        dims, dtype = call.dims, call.dtype
+        need_dx, need_dh, need_dc, need_dw = call.need
+        self.cd = cd = compute_dtype(dtype)
+        self.st = _steps(dims, call.mask)
+        (self.xh_buf, self.dg_buf, self.cp_buf, dw_buf, self.dh_buf, self.dc_buf, self.dx_buf,
+         self.dy_buf, self.acts_buf, xht_buf, dgt_buf,
+         self.db_buf) = arena.take_all(backward_workspace_slots(dims, dtype, gemm, plan))  # fmt: skip
+        self.with_db = need_dw and dims.has_bias
+        self.bufs = {"dw": dw_buf, "xht": xht_buf, "dgt": dgt_buf, "dgt_flat": dgt_buf.reshape(-1)}
+        self.xh_flat = self.xh_buf.reshape(-1)  # for walks.transpose_cols
+        self.xht_flat = xht_buf.reshape(-1)
+        # every result in one (recycled) allocation: see workspace.block
+        state = (dims.K, dims.B, dims.H)
+        dx_shape = (dims.T, dims.B, dims.I) if need_dx else (0,)
+        dw_shapes = [p.shape for p in call.params] if need_dw else []
+        if need_dw and plan.weight_grad == "nt2":  # dW_ih, dW_hh: the GEMMs' results themselves
+            for layer, d in np.ndindex(dims.L, dims.D):
+                dw_shapes[dims.index(layer, d, W_IH)] = (0,)
+                dw_shapes[dims.index(layer, d, W_HH)] = (0,)
+        # dx in an allocation of its own, so that keeping the small results does not pin it
+        self.outs = block([dx_shape], dtype) + block([state, state] + dw_shapes, dtype)
+        self.dh_prev = self.outs[1] if need_dh else None
+        self.dc_prev = self.outs[2] if need_dc else None
+        self.dparams = self.outs[3:] if need_dw else None
+        self.dx_out: np.ndarray | None = None
+        self.cv = cv = _conversion(plan, gemm)
+        self.masks = [_c(m, cd, cv) for m in call.dropout_masks] if call.dropout_masks else None
+        self.dy = None if call.dy is None else _in(call.dy, cd, cv)  # the layer's output gradient
+        self.dummy = np.zeros((1, 1, 1), dtype=cd)
+
+    def layer_rows(self, layer: int) -> _Rows:
+        """The layer's rows for the weight gradient; where it is wanted, the layer input packed
+        into them (or its own rows, where they need no packing) and transposed for "tn"."""
+        call, st, plan = self.call, self.st, self.plan
+        width, hidden, n_rows = call.dims.layer_input_size(layer), call.dims.H, st.total
+        xh, hp, hp_col = _dense(self.xh_buf, n_rows, width + hidden), None, width
+        if plan.weight_grad in ("nt2", "rows2"):  # x [N, I_l] then h_prev [N, H], each dense
+            xh = _dense(self.xh_buf, n_rows, width)
+            hp = self.xh_flat[n_rows * width : n_rows * (width + hidden)].reshape(n_rows, hidden)
             hp_col = 0
-        x_rows, h_rows = xh[:, :width], hp[:, hp_col : hp_col + hidden]
-        if need_dw:
-            direct = None
-            if layout in ("nt2", "rows2"):
-                direct = _layer_input_rows(call, st, layer, masks, cd, cv)
-            if direct is not None:
-                x_rows = direct
-            else:
-                _pack_layer_input(call, st, layer, masks, xh, cv)
-            if layout == "tn":  # and transposed
-                walks.transpose_cols(xh_flat, width + hidden, n_rows, 0, width, xht_flat,
-                                     plan.transpose_threads)  # fmt: skip
-        dirs = []
+        hp = xh if hp is None else hp
+        rows = _Rows(xh, hp, hp_col, xh[:, :width], hp[:, hp_col : hp_col + hidden])
+        if not call.need[3]:
+            return rows
+        direct = None
+        if plan.weight_grad in ("nt2", "rows2"):
+            direct = _layer_input_rows(call, st, layer, self.masks, self.cd, self.cv)
+        if direct is not None:
+            rows.x_rows = direct
+        else:
+            _pack_layer_input(call, st, layer, self.masks, xh, self.cv)
+        if plan.weight_grad == "tn":  # and transposed
+            walks.transpose_cols(self.xh_flat, width + hidden, n_rows, 0, width, self.xht_flat,
+                                 plan.transpose_threads)  # fmt: skip
+        return rows
+
+    def directions(self, layer: int) -> list[_Direction]:
+        """The layer's directions, each with its saved activations in the compute dtype (for
+        float16 storage: converted just before its walk, into scratch shared by the
+        directions, which then never walk as a pair) and its scratch."""
+        dims, hidden, n_rows, cd = self.call.dims, self.call.dims.H, self.st.total, self.cd
+        out = []
         for d in range(dims.D):
-            k, p = layer * dims.D + d, (d if plan.pair_walks else 0)
-            if cd == dtype:
-                acts = tuple(_c(s[k], cd) for s in call.saved)
-            else:  # filled just before this direction's walk (never a pair)
-                acts = tuple(acts_buf)
-            dy_d = dummy if dy is None else dy[..., d * hidden : (d + 1) * hidden]
-            dirs.append(_Direction(k, acts, dy_d, dg_buf[p, :n_rows], cp_buf[p, :n_rows],
-                                   dh_buf[p], dc_buf[p], db_buf[p], with_db))  # fmt: skip
-        if plan.pair_walks:  # both directions' walks at once (fused.walks)
-            pair = []
-            for dr in dirs:  # c_prev for the walks; each direction's h_prev after them
-                if not st.dense:  # else the walks read c_prev where it is saved
-                    _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp, with_h=False)
-                _initial_grads(call, dr)
-                w_hh = _c(call.params[dims.index(layer, dr.k % 2, W_HH)], cd, cv)  # [4H, H]
-                pair.append(_backward_walk(call, dr, w_hh, st))
-            flags = (need_dh, st.dense, with_db)
-            fn = _walk_gemm(plan, gemm, cd)
-            with _step_loops(1):
-                walks.backward_walk_parts(pair[0], pair[1], _parts(plan, st, batch),
-                                          dy is not None, st.ns, st.offsets, flags, fn)  # fmt: skip
-        dx_parts: list[np.ndarray] = []
-        # dense steps: dx's rows are the [T, B] rows of the layer below's dy (or of the result)
-        dx_rows = None
-        if want_dx and (layer > 0 or cd == dtype):
-            dx_rows = _rows(dy_buf if layer > 0 else outs[0], st)
-        for dr in dirs:
-            d = dr.k % dims.D
-            if not plan.pair_walks:
-                if cd != dtype:
-                    for n_, s in enumerate(call.saved):
-                        half.assign(acts_buf[n_], s[dr.k], cv)
-                c_packed = not st.dense  # else the steps read c_prev where it is saved
-                if need_dw or c_packed:
-                    _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp, need_dw, c_packed)
-                _initial_grads(call, dr)
-                w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd, cv)  # [4H, H]
-                with _step_loops(1):
-                    _walk_back(call, plan, gemm, st, w_hh, dr, dy is not None)
-            elif need_dw:  # this direction's h_prev (the directions share hp)
-                _gather(call, st, dr.k, dr.acts, hp, hp_col, dr.cp, with_c=False)
-            if need_dw and layout == "tn":
-                walks.transpose_cols(xh_flat, width + hidden, n_rows, width, width + hidden,
-                                     xht_flat, plan.transpose_threads)  # fmt: skip
-            if dh_prev is not None:
-                dh_prev[dr.k] = dr.dh
-            if dc_prev is not None:
-                dc_prev[dr.k] = dr.dc
-            if want_dx:
-                w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd, cv)  # [4H, I_l]
-                dx_dense = _dense(dx_buf[d], n_rows, width)
-                if dx_rows is not None and dims.D == 1:  # the result's own rows
-                    dx_dense = dx_rows
-                dx_parts.append(gemm.product(dr.dg, w_ih, dx_dense, plan.big))  # [N, I_l]
-            if dparams is not None:
-                _weight_grads(call, plan, gemm, layer, dr, xh, x_rows, h_rows, bufs, dparams)
-        if want_dx:
-            # each direction's dx rounded to the storage dtype, summed in it (docs/math.md)
-            total = _rounded(dx_parts[0], dtype, tt)
-            if dims.D == 2:
-                into = total if dx_rows is None else dx_rows
-                np.add(total, _rounded(dx_parts[1], dtype, tt), out=into)
-                total = _rounded(into, dtype, tt)
-            elif dx_rows is not None and total is not dx_rows:  # the library's own result
-                np.copyto(dx_rows, total)
-                total = dx_rows
-            if layer > 0:
-                dy = dy_buf
-                if total is not dx_rows:
-                    kernels.unpack_rows(total, st.ns, st.offsets, dy)
-                if masks is not None:
-                    np.multiply(dy, masks[layer - 1], out=dy)
-                    _rounded(dy, dtype, tt)
-            elif cd == dtype:
-                dx_out = outs[0]
-                if total is not dx_rows:
-                    kernels.unpack_rows(total, st.ns, st.offsets, dx_out)
+            k, p = layer * dims.D + d, (d if self.plan.pair_walks else 0)
+            if cd == self.call.dtype:
+                acts = tuple(_c(s[k], cd) for s in self.call.saved)
             else:
-                dx_out = outs[0]
-                if st.dense:
-                    dx_cd = total.reshape(t_steps, batch, dims.I)
-                else:
-                    dx_cd = np.empty((t_steps, batch, dims.I), dtype=cd)
-                    kernels.unpack_rows(total, st.ns, st.offsets, dx_cd)
-                half.assign(dx_out, dx_cd, cv)  # exact: the values are already float16-rounded
-    return dx_out, dh_prev, dc_prev, dparams
+                acts = tuple(self.acts_buf)
+            dy_d = self.dummy if self.dy is None else self.dy[..., d * hidden : (d + 1) * hidden]
+            out.append(_Direction(k, acts, dy_d, self.dg_buf[p, :n_rows], self.cp_buf[p, :n_rows],
+                                  self.dh_buf[p], self.dc_buf[p], self.db_buf[p],
+                                  self.with_db))  # fmt: skip
+        return out
+
+    def walk_pair(self, layer: int, dirs: list[_Direction], rows: _Rows) -> None:
+        """Both directions' step loops at once, each on a thread of its own (fused.walks);
+        each direction's h_prev is gathered after them, in :meth:`direction`."""
+        call, st, cd = self.call, self.st, self.cd
+        pair = []
+        for dr in dirs:  # c_prev for the walks
+            if not st.dense:  # else the walks read c_prev where it is saved
+                _gather(call, st, dr.k, dr.acts, rows.hp, rows.hp_col, dr.cp, with_h=False)
+            _initial_grads(call, dr)
+            w_hh = _c(call.params[call.dims.index(layer, dr.k % 2, W_HH)], cd, self.cv)
+            pair.append(_backward_walk(call, dr, w_hh, st))
+        flags = (call.need[1], st.dense, self.with_db)
+        fn = _walk_gemm(self.plan, self.gemm, cd)
+        with _step_loops(1):
+            walks.backward_walk_parts(pair[0], pair[1], _parts(self.plan, st, call.dims.B),
+                                      self.dy is not None, st.ns, st.offsets, flags, fn)  # fmt: skip
+
+    def dx_rows(self, layer: int) -> np.ndarray | None:
+        """Dense steps: the [T*B] rows that dx of this layer is written into where no copy is
+        needed (the layer below's dy, or the result); else None."""
+        want_dx = layer > 0 or self.call.need[0]
+        if want_dx and (layer > 0 or self.cd == self.call.dtype):
+            return _rows(self.dy_buf if layer > 0 else self.outs[0], self.st)
+        return None
+
+    def direction(self, layer: int, dr: _Direction, rows: _Rows,
+                  dx_rows: np.ndarray | None) -> np.ndarray | None:  # fmt: skip
+        """One direction's step loop (unless walked as a pair), its dh_prev and dc_prev, its
+        part of dx ([N, I_l], returned; None where dx is not wanted) and its weight gradient."""
+        call, st, plan, cd, cv = self.call, self.st, self.plan, self.cd, self.cv
+        dims, need_dw = call.dims, call.need[3]
+        d, width, hidden = dr.k % dims.D, dims.layer_input_size(layer), dims.H
+        if not plan.pair_walks:
+            if cd != call.dtype:
+                for n_, s in enumerate(call.saved):
+                    half.assign(self.acts_buf[n_], s[dr.k], cv)
+            c_packed = not st.dense  # else the steps read c_prev where it is saved
+            if need_dw or c_packed:
+                _gather(call, st, dr.k, dr.acts, rows.hp, rows.hp_col, dr.cp, need_dw, c_packed)
+            _initial_grads(call, dr)
+            w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd, cv)  # [4H, H]
+            with _step_loops(1):
+                _walk_back(call, plan, self.gemm, st, w_hh, dr, self.dy is not None)
+        elif need_dw:  # this direction's h_prev (the directions share hp)
+            _gather(call, st, dr.k, dr.acts, rows.hp, rows.hp_col, dr.cp, with_c=False)
+        if need_dw and plan.weight_grad == "tn":
+            walks.transpose_cols(self.xh_flat, width + hidden, st.total, width, width + hidden,
+                                 self.xht_flat, plan.transpose_threads)  # fmt: skip
+        if self.dh_prev is not None:
+            self.dh_prev[dr.k] = dr.dh
+        if self.dc_prev is not None:
+            self.dc_prev[dr.k] = dr.dc
+        dx_part = None
+        if layer > 0 or call.need[0]:
+            w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd, cv)  # [4H, I_l]
+            dx_dense = _dense(self.dx_buf[d], st.total, width)
+            if dx_rows is not None and dims.D == 1:  # the result's own rows
+                dx_dense = dx_rows
+            dx_part = self.gemm.product(dr.dg, w_ih, dx_dense, plan.big)  # [N, I_l]
+        if self.dparams is not None:
+            _weight_grads(call, plan, self.gemm, layer, dr, rows.xh, rows.x_rows, rows.h_rows,
+                          self.bufs, self.dparams)  # fmt: skip
+        return dx_part
+
+    def layer_dx(self, layer: int, dx_parts: list, dx_rows: np.ndarray | None) -> None:
+        """The layer's dx from its directions' parts: each rounded to the storage dtype and
+        summed in it (docs/math.md); above layer 0 it becomes the next layer's dy (times the
+        dropout mask), at layer 0 the result dx."""
+        call, st, dtype, tt = self.call, self.st, self.call.dtype, self.plan.transpose_threads
+        total = _rounded(dx_parts[0], dtype, tt)
+        if call.dims.D == 2:
+            into = total if dx_rows is None else dx_rows
+            np.add(total, _rounded(dx_parts[1], dtype, tt), out=into)
+            total = _rounded(into, dtype, tt)
+        elif dx_rows is not None and total is not dx_rows:  # the library's own result
+            np.copyto(dx_rows, total)
+            total = dx_rows
+        if layer > 0:
+            self.dy = self.dy_buf
+            if total is not dx_rows:
+                kernels.unpack_rows(total, st.ns, st.offsets, self.dy)
+            if self.masks is not None:
+                np.multiply(self.dy, self.masks[layer - 1], out=self.dy)
+                _rounded(self.dy, dtype, tt)
+            return
+        self.dx_out = self.outs[0]
+        if self.cd == dtype:
+            if total is not dx_rows:
+                kernels.unpack_rows(total, st.ns, st.offsets, self.dx_out)
+            return
+        if st.dense:
+            dx_cd = total.reshape(call.dims.T, call.dims.B, call.dims.I)
+        else:
+            dx_cd = np.empty((call.dims.T, call.dims.B, call.dims.I), dtype=self.cd)
+            kernels.unpack_rows(total, st.ns, st.offsets, dx_cd)
+        half.assign(self.dx_out, dx_cd, self.cv)  # exact: the values are already float16-rounded
