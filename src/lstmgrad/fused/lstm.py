@@ -296,116 +296,141 @@ def lstm_forward(
     activations go with train (C-contiguous [7, L*D, T, B, H] of the storage dtype; the lists
     are its views), else a new block.
     """
-    arena = arena or Arena()
-    dims, dtype = call.dims, call.dtype
-    plan = plan or plan_for(dims, dtype, gemm)
-    cd = compute_dtype(dtype)
-    t_steps, batch, hidden = dims.T, dims.B, dims.H
-    st = _steps(dims, call.mask)
-    n_rows = st.total
-    xp_buf, gx_buf, gh_buf, h_buf, c_buf, acts_buf, layer_in = arena.take_all(
-        forward_workspace_slots(dims, dtype, gemm, plan)
-    )
-    # the results in recycled allocations (workspace.block): output and states in one, the
-    # saved activations in another, so that keeping the output alone does not pin them. Without
-    # train only the (layer, direction) being walked needs activations: one set (two for a pair;
-    # none for float16 storage, whose walks write the scratch acts_buf)
-    act = (t_steps, batch, hidden)
-    state = (dims.K, batch, hidden)
-    y, hy, cy = block([(t_steps, batch, dims.D * hidden), state, state], dtype)
-    kept = dims.K if call.train else (0 if cd != dtype else (2 if plan.pair_walks else 1))
-    if saved_into is not None and call.train:  # the caller's [7, K, T, B, H] block
-        want = (7, dims.K, *act)
-        if (
-            saved_into.shape != want
-            or saved_into.dtype != dtype
-            or not saved_into.flags.c_contiguous
-        ):
-            raise ValueError(f"saved_into must be a C-contiguous {dtype} array of shape {want}, "
-                             f"got {saved_into.dtype} {saved_into.shape}")  # fmt: skip
-        flat = list(saved_into.reshape(7 * kept, *act))
-    else:
-        flat = block([act] * (7 * kept), dtype)
-    saved = [flat[n * kept : (n + 1) * kept] for n in range(7)]
-    cv = _conversion(plan, gemm)
-    masks = [_c(m, cd, cv) for m in call.dropout_masks] if call.dropout_masks else None
-    for layer in range(dims.L):
-        width = dims.layer_input_size(layer)
-        xp = _dense(xp_buf, n_rows, width)  # [N, I_l]
+    plan = plan or plan_for(call.dims, call.dtype, gemm)
+    run = _ForwardRun(call, arena or Arena(), gemm, plan, saved_into)
+    for layer in range(call.dims.L):
+        xp = run.layer_input(layer)
+        pair = [w for d in range(call.dims.D) if (w := run.direction(layer, d, xp)) is not None]
+        if pair:  # float32/float64 storage: the walks write saved and y themselves
+            run.walk_pair(layer, pair)
+    result_saved = None
+    if call.train:
+        s = run.saved
+        masks = call.dropout_masks if call.dropout > 0 else None
+        result_saved = LstmSaved(s[0], s[1], s[2], s[3], s[4], s[5], s[6], masks)
+    return run.y, run.hy, run.cy, result_saved
+
+
+class _ForwardRun:
+    """One :func:`lstm_forward` call: its scratch (from the arena), its results and the steps
+    of each layer."""
+
+    def __init__(self, call: ForwardCall, arena: Arena, gemm: Gemm, plan: Plan,
+                 saved_into: np.ndarray | None) -> None:  # fmt: skip
+        self.call, self.gemm, self.plan = call, gemm, plan
+        dims, dtype = call.dims, call.dtype
+        self.cd = cd = compute_dtype(dtype)
+        self.st = _steps(dims, call.mask)
+        slots = forward_workspace_slots(dims, dtype, gemm, plan)
+        (self.xp_buf, self.gx_buf, self.gh_buf, self.h_buf, self.c_buf, self.acts_buf,
+         self.layer_in) = arena.take_all(slots)  # fmt: skip
+        # the results in recycled allocations (workspace.block): output and states in one, the
+        # saved activations in another, so that keeping the output alone does not pin them.
+        # Without train only the (layer, direction) being walked needs activations: one set
+        # (two for a pair; none for float16 storage, whose walks write the scratch acts_buf)
+        act = (dims.T, dims.B, dims.H)
+        state = (dims.K, dims.B, dims.H)
+        self.y, self.hy, self.cy = block([(dims.T, dims.B, dims.D * dims.H), state, state], dtype)
+        kept = dims.K if call.train else (0 if cd != dtype else (2 if plan.pair_walks else 1))
+        if saved_into is not None and call.train:  # the caller's [7, K, T, B, H] block
+            want = (7, dims.K, *act)
+            if (
+                saved_into.shape != want
+                or saved_into.dtype != dtype
+                or not saved_into.flags.c_contiguous
+            ):
+                raise ValueError(f"saved_into must be a C-contiguous {dtype} array of shape "
+                                 f"{want}, got {saved_into.dtype} {saved_into.shape}")  # fmt: skip
+            flat = list(saved_into.reshape(7 * kept, *act))
+        else:
+            flat = block([act] * (7 * kept), dtype)
+        self.kept = kept
+        self.saved = [flat[n * kept : (n + 1) * kept] for n in range(7)]
+        self.cv = cv = _conversion(plan, gemm)
+        self.masks = [_c(m, cd, cv) for m in call.dropout_masks] if call.dropout_masks else None
+
+    def layer_input(self, layer: int) -> np.ndarray:
+        """The layer's input as packed rows [N, I_l]: x, or the layer below's output (times its
+        dropout mask); dense steps take the input's own [T, B] rows where it allows."""
+        call, st, cd, cv = self.call, self.st, self.cd, self.cv
+        xp = _dense(self.xp_buf, st.total, call.dims.layer_input_size(layer))
         if layer == 0:
             src = _in(call.x, cd, cv)
-        elif st.dense and masks is None and cd == dtype and dims.D == 1:
-            src = y  # projected before the walk overwrites it
+        elif st.dense and self.masks is None and cd == call.dtype and call.dims.D == 1:
+            src = self.y  # projected before the walk overwrites it
         else:
-            np.copyto(layer_in, y)  # the layer below's rounded output
-            src = layer_in
-        scale = masks[layer - 1] if masks is not None and layer > 0 else None
+            np.copyto(self.layer_in, self.y)  # the layer below's rounded output
+            src = self.layer_in
+        scale = self.masks[layer - 1] if self.masks is not None and layer > 0 else None
         # float16 storage's walks write layer_in: its rows are copied out, not aliased
-        rows = None if scale is not None or (src is layer_in and cd != dtype) else _rows(src, st)
+        aliased = scale is not None or (src is self.layer_in and cd != call.dtype)
+        rows = None if aliased else _rows(src, st)
         if rows is not None:  # dense steps: the input's [T, B] rows are its packed rows
-            xp = rows
-        elif scale is not None:
+            return rows
+        if scale is not None:
             kernels.pack_rows_scaled(src, scale, st.ns, st.offsets, xp, 0)
         else:
             kernels.pack_rows(src, st.ns, st.offsets, xp, 0)
-        pair: list[walks.ForwardWalk] = []
-        for d in range(dims.D):
-            k = layer * dims.D + d
-            p = d if plan.pair_walks else 0  # the direction's scratch
-            h, c, gh = h_buf[p], c_buf[p], gh_buf[p]
-            w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd, cv)  # [4H, I_l]
-            w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd, cv)  # [4H, H]
-            bias = _bias(call, layer, d, cd)
-            # [N, 4H]: every step's input projection at once
-            gx = gemm.product(xp, w_ih.T, gx_buf[p, :n_rows], plan.big)
-            h[...] = 0.0 if call.h0 is None else call.h0[k]
-            c[...] = 0.0 if call.c0 is None else call.c0[k]
-            if cd == dtype:  # the walks write the results themselves
-                acts = tuple(saved[n][k % kept] for n in range(7))
-                y_d = y[..., d * hidden : (d + 1) * hidden]
-            else:
-                acts = tuple(acts_buf)
-                y_d = layer_in[..., d * hidden : (d + 1) * hidden]  # free once xp is packed
-            with _step_loops(0):  # the step loop, its weight's preparation included
-                if plan.fwd_walk and (plan.pair_walks or plan.walk):  # the loop in one call
-                    w_t = kernels.transposed(w_hh)  # [H, 4H]
-                    walk = walks.ForwardWalk._make((gx, w_t, bias, h, c, gh, st.orders[d],
-                                                    *acts, y_d))  # fmt: skip
-                    if plan.pair_walks:
-                        pair.append(walk)
-                        continue
-                    fn = _walk_gemm(plan, gemm, cd)
-                    if plan.walk_rows > 1:  # blocks of rows on threads of their own
-                        walks.forward_walk_parts(walk, walk, _parts(plan, st, batch), st.ns,
-                                                 st.offsets, fn)  # fmt: skip
-                    else:
-                        walks.forward_walk_of(walk, st.ns, st.offsets, fn, 0, batch)
+        return xp
+
+    def direction(self, layer: int, d: int, xp: np.ndarray) -> walks.ForwardWalk | None:
+        """Direction d of the layer: its input projection, then its step loop; or, where the
+        plan walks both directions as a pair, the walk's record (returned) for
+        :meth:`walk_pair`."""
+        call, st, plan, cd, cv = self.call, self.st, self.plan, self.cd, self.cv
+        dims, dtype, hidden, batch = call.dims, call.dtype, call.dims.H, call.dims.B
+        k = layer * dims.D + d
+        p = d if plan.pair_walks else 0  # the direction's scratch
+        h, c, gh = self.h_buf[p], self.c_buf[p], self.gh_buf[p]
+        w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd, cv)  # [4H, I_l]
+        w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd, cv)  # [4H, H]
+        bias = _bias(call, layer, d, cd)
+        # [N, 4H]: every step's input projection at once
+        gx = self.gemm.product(xp, w_ih.T, self.gx_buf[p, : st.total], plan.big)
+        h[...] = 0.0 if call.h0 is None else call.h0[k]
+        c[...] = 0.0 if call.c0 is None else call.c0[k]
+        if cd == dtype:  # the walks write the results themselves
+            acts = tuple(self.saved[n][k % self.kept] for n in range(7))
+            y_d = self.y[..., d * hidden : (d + 1) * hidden]
+        else:
+            acts = tuple(self.acts_buf)
+            y_d = self.layer_in[..., d * hidden : (d + 1) * hidden]  # free once xp is packed
+        with _step_loops(0):  # the step loop, its weight's preparation included
+            if plan.fwd_walk and (plan.pair_walks or plan.walk):  # the loop in one call
+                w_t = kernels.transposed(w_hh)  # [H, 4H]
+                walk = walks.ForwardWalk._make((gx, w_t, bias, h, c, gh, st.orders[d], *acts,
+                                                y_d))  # fmt: skip
+                if plan.pair_walks:
+                    return walk
+                fn = _walk_gemm(plan, self.gemm, cd)
+                if plan.walk_rows > 1:  # blocks of rows on threads of their own
+                    walks.forward_walk_parts(walk, walk, _parts(plan, st, batch), st.ns,
+                                             st.offsets, fn)  # fmt: skip
                 else:
-                    rec = gemm.fixed(w_hh.T, plan.fwd_rec, batch, plan.transpose_threads)
-                    for t, n, off in st.walks[d]:
-                        g_rec = rec(h[:n], gh[:n]) if n else gh  # in gh or the library's result
-                        step_acts = tuple(a[t] for a in acts)
-                        _forward_step(plan, hidden, gx[off : off + n], g_rec, bias, h, c, n,
-                                      step_acts, y_d[t])  # fmt: skip
-            hy[k], cy[k] = h, c  # a rounding point (docs/math.md)
-            if cd != dtype:
-                if call.train:
-                    for n_, a in enumerate(acts):
-                        half.assign(saved[n_][k], a, cv)
-                half.assign(y[..., d * hidden : (d + 1) * hidden], y_d, cv)
-        if pair:  # float32/float64 storage: the walks wrote saved and y themselves
-            with _step_loops(0):
-                walks.forward_walk_parts(pair[0], pair[1], _parts(plan, st, batch), st.ns,
-                                         st.offsets, _walk_gemm(plan, gemm, cd))  # fmt: skip
-            for d in range(2):
-                hy[layer * 2 + d], cy[layer * 2 + d] = h_buf[d], c_buf[d]
-    result_saved = None
-    if call.train:
-        result_saved = LstmSaved(
-            saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6],
-            call.dropout_masks if call.dropout > 0 else None,
-        )  # fmt: skip
-    return y, hy, cy, result_saved
+                    walks.forward_walk_of(walk, st.ns, st.offsets, fn, 0, batch)
+            else:
+                rec = self.gemm.fixed(w_hh.T, plan.fwd_rec, batch, plan.transpose_threads)
+                for t, n, off in st.walks[d]:
+                    g_rec = rec(h[:n], gh[:n]) if n else gh  # in gh or the library's result
+                    step_acts = tuple(a[t] for a in acts)
+                    _forward_step(plan, hidden, gx[off : off + n], g_rec, bias, h, c, n,
+                                  step_acts, y_d[t])  # fmt: skip
+        self.hy[k], self.cy[k] = h, c  # a rounding point (docs/math.md)
+        if cd != dtype:
+            if call.train:
+                for n_, a in enumerate(acts):
+                    half.assign(self.saved[n_][k], a, cv)
+            half.assign(self.y[..., d * hidden : (d + 1) * hidden], y_d, cv)
+        return None
+
+    def walk_pair(self, layer: int, pair: list[walks.ForwardWalk]) -> None:
+        """Both directions' step loops at once, each on a thread of its own (fused.walks)."""
+        with _step_loops(0):
+            walks.forward_walk_parts(pair[0], pair[1], _parts(self.plan, self.st, self.call.dims.B),
+                                     self.st.ns, self.st.offsets,
+                                     _walk_gemm(self.plan, self.gemm, self.cd))  # fmt: skip
+        for d in range(2):
+            self.hy[layer * 2 + d], self.cy[layer * 2 + d] = self.h_buf[d], self.c_buf[d]
 
 
 def _gather(call: BackwardCall, st: _Steps, k: int, acts: tuple, hp: np.ndarray, hp_col: int,
@@ -614,9 +639,10 @@ class _BackwardRun:
         need_dx, need_dh, need_dc, need_dw = call.need
         self.cd = cd = compute_dtype(dtype)
         self.st = _steps(dims, call.mask)
+        slots = backward_workspace_slots(dims, dtype, gemm, plan)
         (self.xh_buf, self.dg_buf, self.cp_buf, dw_buf, self.dh_buf, self.dc_buf, self.dx_buf,
          self.dy_buf, self.acts_buf, xht_buf, dgt_buf,
-         self.db_buf) = arena.take_all(backward_workspace_slots(dims, dtype, gemm, plan))  # fmt: skip
+         self.db_buf) = arena.take_all(slots)  # fmt: skip
         self.with_db = need_dw and dims.has_bias
         self.bufs = {"dw": dw_buf, "xht": xht_buf, "dgt": dgt_buf, "dgt_flat": dgt_buf.reshape(-1)}
         self.xh_flat = self.xh_buf.reshape(-1)  # for walks.transpose_cols
@@ -698,8 +724,9 @@ class _BackwardRun:
         flags = (call.need[1], st.dense, self.with_db)
         fn = _walk_gemm(self.plan, self.gemm, cd)
         with _step_loops(1):
-            walks.backward_walk_parts(pair[0], pair[1], _parts(self.plan, st, call.dims.B),
-                                      self.dy is not None, st.ns, st.offsets, flags, fn)  # fmt: skip
+            parts = _parts(self.plan, st, call.dims.B)
+            walks.backward_walk_parts(pair[0], pair[1], parts, self.dy is not None, st.ns,
+                                      st.offsets, flags, fn)  # fmt: skip
 
     def dx_rows(self, layer: int) -> np.ndarray | None:
         """Dense steps: the [T*B] rows that dx of this layer is written into where no copy is
