@@ -106,102 +106,32 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     """Times of the input projection, dx and the weight gradient per method and layout, for
     N rows, input size I and hidden H, and of the layouts' transposing copy per thread count;
     the entry's plan: the fastest method, layout and thread count."""
-    from .fused.walks import pairs_available, parallel_threads, transpose_cols
-    from .gemm import product_into
-
     cd = np.dtype(cls["dtype"])
-    n, i, h = cls["N"], cls["I"], cls["H"]
-    g = 4 * h
-    rng = np.random.default_rng(0)
-    xh = _rand(rng, (n, i + h), cd)  # [x | h_prev] rows
-    x, hp = np.ascontiguousarray(xh[:, :i]), np.ascontiguousarray(xh[:, i:])
-    dg = _rand(rng, (n, g), cd)
-    w_ih = _rand(rng, (g, i), cd)
-    proj, dx, dw = np.empty((n, g), cd), np.empty((n, i), cd), np.empty((g, i + h), cd)
-    xht, dgt = np.empty((i + h, n), cd), np.empty((g, n), cd)
-    x_cols = xh[:, :i]
-    dw_ih, dw_hh = np.empty((g, i), cd), np.empty((g, h), cd)  # the results
-
-    # the transposing copy on one thread, or split over the threads Numba's pool has, each
-    # timed with the library's product that follows it in the engine: the pool's threads spin
-    # a while after the copy, and a library with threads of its own (OpenBLAS's) can wait for
-    # the CPUs they hold, which the copy alone does not show
-    follow = functools.partial(gemm.product, dg, w_ih, dx, gemm.product_methods(cd)[0])
-    transposes: dict[str, float] = {}
-    for threads in sorted({1, parallel_threads() if pairs_available() else 1}):
-
-        def copy_then_product(threads: int = threads) -> None:
-            transpose_cols(dg.reshape(-1), g, n, 0, g, dgt.reshape(-1), threads)
-            follow()
-
-        transposes[str(threads)] = _timed(copy_then_product, _reps(_timed(copy_then_product, 1)))
+    ops = _BigOperands(cls, cd)
+    transposes = _transpose_times(gemm, ops)
     tt = int(_best(transposes))
-    conversions = _conversion_times(gemm, n, h, cd, tt)
-
-    def weight_grad(layout: str, method: str) -> Callable[[], Any]:
-        # each layout as the engine runs it on dense steps: "rows", "tn" and "nt" with the copy
-        # of x into xh's columns and of one [4H, I + H] result into dW_ih and dW_hh; "nt2" and
-        # "rows2" from x and h_prev as they lie
-        def pack() -> None:
-            np.copyto(x_cols, x)
-
-        def split(result: np.ndarray) -> None:
-            np.copyto(dw_ih, result[:, :i])
-            np.copyto(dw_hh, result[:, i:])
-
-        def rows() -> Any:
-            pack()
-            split(gemm.product(dg.T, xh, dw, method))
-
-        def tn() -> Any:
-            pack()
-            transpose_cols(xh.reshape(-1), i + h, n, 0, i + h, xht.reshape(-1), tt)
-            split(gemm.tn(dg, xht, method))
-
-        def nt() -> Any:
-            pack()
-            transpose_cols(dg.reshape(-1), g, n, 0, g, dgt.reshape(-1), tt)
-            split(gemm.nt(dgt, xh, method))
-
-        def nt2() -> Any:
-            transpose_cols(dg.reshape(-1), g, n, 0, g, dgt.reshape(-1), tt)
-            return gemm.nt(dgt, x, method), gemm.nt(dgt, hp, method)
-
-        def rows2() -> None:
-            product_into(gemm, dg.T, x, dw_ih, method)
-            product_into(gemm, dg.T, hp, dw_hh, method)
-
-        return {"rows": rows, "tn": tn, "nt": nt, "nt2": nt2, "rows2": rows2}[layout]
-
+    conversions = _conversion_times(gemm, ops.n, ops.h, cd, tt)
     # the method of the projection and dx first, then the layouts of dW with it
-    products: dict[str, float] = {}
-    for method in gemm.product_methods(cd):
-        projection = functools.partial(gemm.product, x, w_ih.T, proj, method)
-        first = _timed(projection, 1)
-        reps = _reps(first)
-        if reps > 1:
-            first = min(first, _timed(projection, reps - 1, warm=False))
-        dx_product = functools.partial(gemm.product, dg, w_ih, dx, method)
-        products[method] = first + _timed(dx_product, reps, warm=reps > 1)
+    products = _product_times(gemm, ops)
     method = _product_method(products, gemm.product_methods(cd)[0])
     seconds: dict[str, float] = {}
     best = float("inf")
     reps = _reps(products[method])
     for layout in WEIGHT_GRAD_LAYOUTS:
         key = f"{method}/{layout}"
-        seconds[key] = _timed(weight_grad(layout, method), reps, limit=3 * best, warm=reps > 1)
+        run = _weight_grad(gemm, ops, layout, method, tt)
+        seconds[key] = _timed(run, reps, limit=3 * best, warm=reps > 1)
         best = min(best, seconds[key])
-    copies = _copy_at_rows(cls, dg, dgt, tt)
+    copies = _copy_at_rows(cls, ops.dg, ops.dgt, tt)
     if copies:  # each layout's copies at the layer's own rows, per n rows
-        extra = copies[f"rows{cls['R']}"] * n / cls["R"] - copies[f"rows{n}"]
+        extra = copies[f"rows{cls['R']}"] * ops.n / cls["R"] - copies[f"rows{ops.n}"]
         for key in seconds:
             layout = key.split("/")[1]
             if layout in ("nt", "nt2"):  # dG transposed
                 seconds[key] += extra
             elif layout == "tn":  # [x | h_prev] transposed
-                seconds[key] += extra * (i + h) / g
-    choice = _best(seconds)
-    method, layout = choice.split("/")
+                seconds[key] += extra * (ops.i + ops.h) / ops.g
+    method, layout = _best(seconds).split("/")
     return {
         "plan": {
             "big": method,
@@ -218,6 +148,106 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
         },  # fmt: skip
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+
+
+class _BigOperands:
+    """Random operands of a big-products class (N rows, input size I, hidden H) and the
+    arrays the timed products and copies write."""
+
+    def __init__(self, cls: dict[str, Any], cd: np.dtype) -> None:
+        n, i, h = self.n, self.i, self.h = cls["N"], cls["I"], cls["H"]
+        g = self.g = 4 * h
+        rng = np.random.default_rng(0)
+        self.xh = _rand(rng, (n, i + h), cd)  # [x | h_prev] rows
+        self.x = np.ascontiguousarray(self.xh[:, :i])
+        self.hp = np.ascontiguousarray(self.xh[:, i:])
+        self.dg = _rand(rng, (n, g), cd)
+        self.w_ih = _rand(rng, (g, i), cd)
+        self.proj, self.dx = np.empty((n, g), cd), np.empty((n, i), cd)
+        self.dw = np.empty((g, i + h), cd)
+        self.xht, self.dgt = np.empty((i + h, n), cd), np.empty((g, n), cd)
+        self.dw_ih, self.dw_hh = np.empty((g, i), cd), np.empty((g, h), cd)  # the results
+
+
+def _transpose_times(gemm: Any, ops: _BigOperands) -> dict[str, float]:
+    """The transposing copy of dG on one thread, or split over the threads Numba's pool has,
+    per thread count, each timed with the library's product that follows it in the engine: the
+    pool's threads spin a while after the copy, and a library with threads of its own
+    (OpenBLAS's) can wait for the CPUs they hold, which the copy alone does not show."""
+    from .fused.walks import pairs_available, parallel_threads, transpose_cols
+
+    g, n = ops.g, ops.n
+    method = gemm.product_methods(ops.dg.dtype)[0]
+    follow = functools.partial(gemm.product, ops.dg, ops.w_ih, ops.dx, method)
+    times: dict[str, float] = {}
+    for threads in sorted({1, parallel_threads() if pairs_available() else 1}):
+
+        def copy_then_product(threads: int = threads) -> None:
+            transpose_cols(ops.dg.reshape(-1), g, n, 0, g, ops.dgt.reshape(-1), threads)
+            follow()
+
+        times[str(threads)] = _timed(copy_then_product, _reps(_timed(copy_then_product, 1)))
+    return times
+
+
+def _product_times(gemm: Any, ops: _BigOperands) -> dict[str, float]:
+    """Per GEMM method, the input projection's time plus dx's."""
+    out: dict[str, float] = {}
+    for method in gemm.product_methods(ops.dg.dtype):
+        projection = functools.partial(gemm.product, ops.x, ops.w_ih.T, ops.proj, method)
+        first = _timed(projection, 1)
+        reps = _reps(first)
+        if reps > 1:
+            first = min(first, _timed(projection, reps - 1, warm=False))
+        dx_product = functools.partial(gemm.product, ops.dg, ops.w_ih, ops.dx, method)
+        out[method] = first + _timed(dx_product, reps, warm=reps > 1)
+    return out
+
+
+def _weight_grad(gemm: Any, ops: _BigOperands, layout: str, method: str,
+                 threads: int) -> Callable[[], Any]:  # fmt: skip
+    """dW in ``layout`` as the engine runs it on dense steps: "rows", "tn" and "nt" with the
+    copy of x into [x | h_prev]'s columns and of one [4H, I + H] result into dW_ih and dW_hh,
+    their copies on ``threads``; "nt2" and "rows2" from x and h_prev as they lie."""
+    from .fused.walks import transpose_cols
+    from .gemm import product_into
+
+    i, h, g, n = ops.i, ops.h, ops.g, ops.n
+    x_cols = ops.xh[:, :i]
+
+    def pack() -> None:
+        np.copyto(x_cols, ops.x)
+
+    def split(result: np.ndarray) -> None:
+        np.copyto(ops.dw_ih, result[:, :i])
+        np.copyto(ops.dw_hh, result[:, i:])
+
+    def transposed_dg() -> None:
+        transpose_cols(ops.dg.reshape(-1), g, n, 0, g, ops.dgt.reshape(-1), threads)
+
+    def rows() -> Any:
+        pack()
+        split(gemm.product(ops.dg.T, ops.xh, ops.dw, method))
+
+    def tn() -> Any:
+        pack()
+        transpose_cols(ops.xh.reshape(-1), i + h, n, 0, i + h, ops.xht.reshape(-1), threads)
+        split(gemm.tn(ops.dg, ops.xht, method))
+
+    def nt() -> Any:
+        pack()
+        transposed_dg()
+        split(gemm.nt(ops.dgt, ops.xh, method))
+
+    def nt2() -> Any:
+        transposed_dg()
+        return gemm.nt(ops.dgt, ops.x, method), gemm.nt(ops.dgt, ops.hp, method)
+
+    def rows2() -> None:
+        product_into(gemm, ops.dg.T, ops.x, ops.dw_ih, method)
+        product_into(gemm, ops.dg.T, ops.hp, ops.dw_hh, method)
+
+    return {"rows": rows, "tn": tn, "nt": nt, "nt2": nt2, "rows2": rows2}[layout]
 
 
 def _copy_at_rows(cls: dict[str, Any], dg: np.ndarray, dgt: np.ndarray, threads: int
