@@ -168,22 +168,28 @@ class _BigOperands:
         self.xht, self.dgt = np.empty((i + h, n), cd), np.empty((g, n), cd)
         self.dw_ih, self.dw_hh = np.empty((g, i), cd), np.empty((g, h), cd)  # the results
 
+    def transpose_dg(self, threads: int) -> None:
+        """dG's transposing copy into dgt (the "nt" layouts'), on ``threads``."""
+        from .fused.walks import transpose_cols
+
+        n, g = self.n, self.g
+        transpose_cols(self.dg.reshape(-1), g, n, 0, g, self.dgt.reshape(-1), threads)
+
 
 def _transpose_times(gemm: Any, ops: _BigOperands) -> dict[str, float]:
     """The transposing copy of dG on one thread, or split over the threads Numba's pool has,
     per thread count, each timed with the library's product that follows it in the engine: the
     pool's threads spin a while after the copy, and a library with threads of its own
     (OpenBLAS's) can wait for the CPUs they hold, which the copy alone does not show."""
-    from .fused.walks import pairs_available, parallel_threads, transpose_cols
+    from .fused.walks import pairs_available, parallel_threads
 
-    g, n = ops.g, ops.n
     method = gemm.product_methods(ops.dg.dtype)[0]
     follow = functools.partial(gemm.product, ops.dg, ops.w_ih, ops.dx, method)
     times: dict[str, float] = {}
     for threads in sorted({1, parallel_threads() if pairs_available() else 1}):
 
         def copy_then_product(threads: int = threads) -> None:
-            transpose_cols(ops.dg.reshape(-1), g, n, 0, g, ops.dgt.reshape(-1), threads)
+            ops.transpose_dg(threads)
             follow()
 
         times[str(threads)] = _timed(copy_then_product, _reps(_timed(copy_then_product, 1)))
@@ -212,7 +218,7 @@ def _weight_grad(gemm: Any, ops: _BigOperands, layout: str, method: str,
     from .fused.walks import transpose_cols
     from .gemm import product_into
 
-    i, h, g, n = ops.i, ops.h, ops.g, ops.n
+    i, h, n = ops.i, ops.h, ops.n
     x_cols = ops.xh[:, :i]
 
     def pack() -> None:
@@ -221,9 +227,6 @@ def _weight_grad(gemm: Any, ops: _BigOperands, layout: str, method: str,
     def split(result: np.ndarray) -> None:
         np.copyto(ops.dw_ih, result[:, :i])
         np.copyto(ops.dw_hh, result[:, i:])
-
-    def transposed_dg() -> None:
-        transpose_cols(ops.dg.reshape(-1), g, n, 0, g, ops.dgt.reshape(-1), threads)
 
     def rows() -> Any:
         pack()
@@ -236,11 +239,11 @@ def _weight_grad(gemm: Any, ops: _BigOperands, layout: str, method: str,
 
     def nt() -> Any:
         pack()
-        transposed_dg()
+        ops.transpose_dg(threads)
         split(gemm.nt(ops.dgt, ops.xh, method))
 
     def nt2() -> Any:
-        transposed_dg()
+        ops.transpose_dg(threads)
         return gemm.nt(ops.dgt, ops.x, method), gemm.nt(ops.dgt, ops.hp, method)
 
     def rows2() -> None:

@@ -615,7 +615,7 @@ def lstm_backward(
             run.walk_pair(layer, dirs, rows)
         dx_rows = run.dx_rows(layer)
         dx_parts = [run.direction(layer, dr, rows, dx_rows) for dr in dirs]
-        if layer > 0 or call.need[0]:
+        if run.wants_dx(layer):
             run.layer_dx(layer, dx_parts, dx_rows)
     return run.dx_out, run.dh_prev, run.dc_prev, run.dparams
 
@@ -671,12 +671,12 @@ class _BackwardRun:
         into them (or its own rows, where they need no packing) and transposed for "tn"."""
         call, st, plan = self.call, self.st, self.plan
         width, hidden, n_rows = call.dims.layer_input_size(layer), call.dims.H, st.total
-        xh, hp, hp_col = _dense(self.xh_buf, n_rows, width + hidden), None, width
+        xh = _dense(self.xh_buf, n_rows, width + hidden)  # [x | h_prev]
+        hp, hp_col = xh, width
         if plan.weight_grad in ("nt2", "rows2"):  # x [N, I_l] then h_prev [N, H], each dense
             xh = _dense(self.xh_buf, n_rows, width)
             hp = self.xh_flat[n_rows * width : n_rows * (width + hidden)].reshape(n_rows, hidden)
             hp_col = 0
-        hp = xh if hp is None else hp
         rows = _Rows(xh, hp, hp_col, xh[:, :width], hp[:, hp_col : hp_col + hidden])
         if not call.need[3]:
             return rows
@@ -728,11 +728,14 @@ class _BackwardRun:
             walks.backward_walk_parts(pair[0], pair[1], parts, self.dy is not None, st.ns,
                                       st.offsets, flags, fn)  # fmt: skip
 
+    def wants_dx(self, layer: int) -> bool:
+        """Whether the layer's dx is computed: the layer below's dy, or the wanted result."""
+        return layer > 0 or self.call.need[0]
+
     def dx_rows(self, layer: int) -> np.ndarray | None:
         """Dense steps: the [T*B] rows that dx of this layer is written into where no copy is
         needed (the layer below's dy, or the result); else None."""
-        want_dx = layer > 0 or self.call.need[0]
-        if want_dx and (layer > 0 or self.cd == self.call.dtype):
+        if self.wants_dx(layer) and (layer > 0 or self.cd == self.call.dtype):
             return _rows(self.dy_buf if layer > 0 else self.outs[0], self.st)
         return None
 
@@ -764,7 +767,7 @@ class _BackwardRun:
         if self.dc_prev is not None:
             self.dc_prev[dr.k] = dr.dc
         dx_part = None
-        if layer > 0 or call.need[0]:
+        if self.wants_dx(layer):
             w_ih = _c(call.params[dims.index(layer, d, W_IH)], cd, cv)  # [4H, I_l]
             dx_dense = _dense(self.dx_buf[d], st.total, width)
             if dx_rows is not None and dims.D == 1:  # the result's own rows
