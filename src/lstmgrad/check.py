@@ -183,6 +183,11 @@ def _read_raw(path: Path) -> dict[str, np.ndarray]:
             str(k): v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
             for k, v in raw.items()
         }
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != b"PK\x03\x04":  # NumPy's .npz is a zip archive
+        raise DumpError(f"{path}: not a .npz archive (no zip header; lstmgrad.dump writes one "
+                        "with numpy.savez)")  # fmt: skip
     try:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
@@ -388,7 +393,7 @@ def _compare(
 
 def _bad_call(exc: LstmArgumentError) -> DumpError:
     key = KEY_OF.get(exc.param or "", exc.param)
-    return DumpError(f"bad dump, key {key!r}: {exc}", key)
+    return DumpError(f"key {key!r}: {exc}", key)
 
 
 def _time_major(a: np.ndarray, kind: str, steps: int, batch: int) -> np.ndarray:

@@ -260,30 +260,75 @@ def _bench_tables(doc: dict[str, Any]) -> str:
     return "\n".join(out[1:])
 
 
+CHECK_DOC = "https://github.com/lstmgrad/lstmgrad/blob/main/docs/check.md"
+
+
+def _positive(text: str) -> float:
+    """A finite number above 0 (argparse type of --factor)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (v > 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number above 0, got {text!r}")
+    return v
+
+
+def _at_least_one(text: str) -> int:
+    """An integer of at least 1 (argparse type of --top)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {v}")
+    return v
+
+
 def _add_check(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "check",
-        help="recompute a dumped aclnnLstmBackward call and compare a device's outputs with "
-        "it (exit 0 ok, 1 mismatch, 2 bad dump); docs/check.md",
-        description="Recompute the outputs of one aclnnLstmBackward call saved with "
-        "lstmgrad.dump (the float64 reference and the fused engine) and compare the device's "
-        "outputs stored with it. Exit status: 0 ok, 1 mismatch, 2 bad dump.",
+        help="the CPU golden of an LSTM on a device: judge every LSTM call of an msProbe dump "
+        "(or a kernel-level or lstmgrad.dump dump) against lstmgrad's float64 reference "
+        "(exit 0 pass, 1 fail, 2 not checked)",
+        description="Recompute every LSTM call of a dump with lstmgrad's float64 reference and "
+        "its fused engine in the dump's dtype, and judge the device's outputs and gradients "
+        "in msProbe's terms (Cosine, MaxAbsErr, MaxRelativeErr, One/Five Thousandths Err Ratio "
+        "and the benchmark standard's ratios). PATH is an msProbe dump (dump.json, a rank or "
+        "step folder, or the dump root: every rank and step found is checked), a folder of "
+        "'msprobe parse -t npy' files with --aclnn-backward/--aclnn-forward, or a .npz/.pt "
+        "file written by lstmgrad.dump. Exit status: 0 every LSTM call found passes, 1 one "
+        "fails, 2 one could not be checked (or none was). The guide: " + CHECK_DOC,
     )
-    p.add_argument("dump", metavar="DUMP", help="the dump: .npz, or .pt with PyTorch")
+    p.add_argument("path", metavar="PATH", help="the dump (see above)")
+    kernel = p.add_mutually_exclusive_group()
+    kernel.add_argument("--aclnn-backward", action="store_true",
+                        help="PATH holds aclnnLstmBackward's arguments as .npy files")  # fmt: skip
+    kernel.add_argument("--aclnn-forward", action="store_true",
+                        help="PATH holds aclnnLSTM's arguments as .npy files")  # fmt: skip
     p.add_argument(
         "--rule",
-        choices=("bound", "rtol", "both"),
-        default="bound",
-        help="what decides the exit status: the accumulation-length bound (default), torch_npu's "
-        "assertRtolEqual rule, or both",
-    )
-    p.add_argument(
-        "--factor",
-        type=float,
+        choices=("msprobe", "bound", "both", "rtol"),
         default=None,
-        help="c of the bound c * eps * sqrt(K) * (|ref| + rms(ref)) (default 4)",
+        help="what decides the verdict: msProbe's benchmark standard and cosine (default for "
+        "msProbe and kernel dumps), lstmgrad's accumulation-length bound (default for "
+        "lstmgrad.dump files), both, or torch_npu's assertRtolEqual (lstmgrad.dump files only)",
     )
-    p.add_argument("--top", type=int, default=3, help="worst elements located per output")
+    p.add_argument("--factor", type=_positive, default=None,
+                   help="c of the bound c * eps * sqrt(K) * (|ref| + rms(ref)) (default 4)")  # fmt: skip
+    p.add_argument("--top", type=_at_least_one, default=3,
+                   help="largest errors located per failing output (default 3)")  # fmt: skip
+    p.add_argument("--csv", metavar="FILE", help="also write one row per (call, output)")
+    p.add_argument("--json", metavar="FILE", help="also write the whole report as JSON")
+    p.add_argument("--no-dropout", action="store_true",
+                   help="the model ran without dropout between LSTM layers (dropout 0 or eval "
+                   "mode): judge every layer of Module-level calls, which do not record it")  # fmt: skip
+    cfg = p.add_argument_group("kernel-level dumps (the flags the files do not record; "
+                               "inferred from the shapes when not given)")  # fmt: skip
+    cfg.add_argument("--num-layers", type=_at_least_one, default=None)
+    cfg.add_argument("--bidirectional", action="store_true", default=None)
+    cfg.add_argument("--no-bias", action="store_true")
+    cfg.add_argument("--batch-first", action="store_true")
 
 
 def _e(v: float) -> str:
@@ -291,11 +336,58 @@ def _e(v: float) -> str:
 
 
 def _check(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    if not (args.aclnn_backward or args.aclnn_forward) and path.suffix in (".npz", ".pt"):
+        return _check_lstmgrad_dump(args)
+    if args.rule == "rtol":
+        print("lstmgrad check: --rule rtol applies to lstmgrad.dump files only; msProbe and "
+              "kernel dumps take msprobe, bound or both", file=sys.stderr)  # fmt: skip
+        return 2
+    from . import msprobe, report
+
+    rule = args.rule or "msprobe"
+    factor = args.factor or msprobe.BOUND_FACTOR
+    try:
+        if args.aclnn_backward or args.aclnn_forward:
+            cfg = msprobe.KernelConfig(args.num_layers, args.bidirectional,
+                                       False if args.no_bias else None, args.batch_first)  # fmt: skip
+            kind = "backward" if args.aclnn_backward else "forward"
+            reports = msprobe.check_kernel(path, kind, cfg, rule=rule, factor=factor,
+                                           top=args.top)  # fmt: skip
+        else:
+            reports = msprobe.check_dump(path, rule=rule, factor=factor, top=args.top,
+                                         no_dropout=args.no_dropout)  # fmt: skip
+    except msprobe.DumpReadError as exc:
+        print(f"lstmgrad check: {exc}", file=sys.stderr)
+        return 2
+    print("against  lstmgrad's float64 reference; 'x' columns: the device's metric / lstmgrad's "
+          "fused engine's (msProbe's benchmark standard)")  # fmt: skip
+    print()
+    print("\n".join(report.table(reports, rule)))
+    if args.csv:
+        with open(args.csv, "w", newline="", encoding="utf-8") as fh:
+            report.write_csv(reports, fh)
+        print(f"csv      {args.csv}")
+    if args.json:
+        Path(args.json).write_text(report.to_json(reports, rule, factor), encoding="utf-8")
+        print(f"json     {args.json}")
+    status = report.exit_status(reports)
+    print(f"result   {report.summary(reports)}: exit {status}")
+    return status
+
+
+def _check_lstmgrad_dump(args: argparse.Namespace) -> int:
+    """A .npz / .pt file written by lstmgrad.dump: one aclnnLstmBackward call."""
     from . import check
 
+    if args.rule == "msprobe":
+        print("lstmgrad check: --rule msprobe applies to msProbe and kernel dumps; a "
+              "lstmgrad.dump file takes bound, rtol or both", file=sys.stderr)  # fmt: skip
+        return 2
+    args.rule = args.rule or "bound"
     factor = check.BOUND_FACTOR if args.factor is None else args.factor
     try:
-        rep = check.check(args.dump, factor=factor, top=max(args.top, 1))
+        rep = check.check(args.path, factor=factor, top=args.top)
     except check.DumpError as exc:
         print(f"lstmgrad check: bad dump: {exc}", file=sys.stderr)
         return 2
@@ -304,7 +396,7 @@ def _check(args: argparse.Namespace) -> int:
         return 2
     dims = " ".join(f"{k} {v}" for k, v in rep.dims.items())
     prec = rep.outputs[0].rtol_prec
-    print(f"dump     {args.dump}: {rep.dtype}, {dims}")
+    print(f"dump     {args.path}: {rep.dtype}, {dims}")
     print("against  the float64 reference (on float64 copies of the dump); 'fused abs' is "
           f"lstmgrad's fused engine ({rep.dtype}) against the same reference")  # fmt: skip
     print(f"rules    bound: |device - ref| <= {factor:g} * eps({rep.dtype}) * sqrt(K) * (|ref| + "

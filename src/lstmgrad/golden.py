@@ -1,0 +1,431 @@
+"""The CPU golden of one LSTM call: recompute it with both engines and judge a device's results
+(docs/check.md).
+
+A :class:`Case` is one call as a dump describes it, already in lstmgrad's argument layout: the
+inputs, the flags, the device's outputs and gradients (each a :class:`Device` tensor under its
+dump key) and, for the backward, the gradients that flowed in. :func:`judge` recomputes the call
+with the float64 reference (on float64 copies of the dump's values) and with the fused engine
+in the dump's dtype (bfloat16: in float32, results rounded to bfloat16), then measures the
+device and the fused engine against the reference (:mod:`lstmgrad.metrics`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import metrics
+from .api import lstm_backward, lstm_forward
+from .errors import LstmArgumentError
+from .layout import num_params, param_name
+
+RULES = ("msprobe", "bound", "both")
+STATS = ("Max", "Min", "Mean", "Norm")
+SAVED = ("i", "g", "f", "o", "h", "c", "tanhc")
+
+
+class CaseError(ValueError):
+    """A call whose dump cannot be turned into the operator's arguments (the message names the
+    dump key)."""
+
+
+@dataclass
+class Device:
+    """One tensor the device produced: its dump key, what it is (``y``, ``h_n``, ``dx``,
+    ``weight_ih_l0`` ...), the values (None when the dump holds statistics only or the file
+    could not be read), the statistics dump.json recorded, and why the values are missing."""
+
+    key: str
+    label: str
+    value: np.ndarray | None = None
+    stats: dict[str, Any] | None = None
+    problem: str | None = None  # a file missing or not loadable: the call cannot be fully checked
+    shape: tuple[int, ...] | None = None
+
+
+@dataclass
+class Case:
+    """One LSTM call in lstmgrad's layout (see :func:`lstmgrad.lstm_forward` for shapes).
+
+    ``present`` maps a result from lstmgrad's layout onto the layout the device's tensor has in
+    the dump (identity unless the dump holds packed data); ``unpresent`` does the reverse for
+    gradients flowing in. ``saved`` holds the device's own saved activations where the dump
+    gives them (kernel-level backward): the backward is then recomputed from them.
+    """
+
+    name: str
+    source: str
+    dtype: str  # float16, bfloat16, float32 or float64
+    x: np.ndarray
+    params: list[np.ndarray]
+    hx: list[np.ndarray] | None
+    batch_sizes: np.ndarray | None
+    has_bias: bool
+    num_layers: int
+    bidirectional: bool
+    batch_first: bool
+    forward: list[Device] = field(default_factory=list)
+    backward: list[Device] = field(default_factory=list)
+    grads_in: dict[str, np.ndarray | None] | None = None  # dy, dh, dc; None entries are zeros
+    saved: dict[str, list[np.ndarray]] | None = None
+    upper_layers_unknown: str | None = None  # why layers above the first cannot be judged
+    keys: dict[str, str] = field(default_factory=dict)  # lstmgrad argument -> dump key
+    notes: list[str] = field(default_factory=list)
+    kind: str = ""  # api dense, api packed, module, aclnn backward, aclnn forward
+    present: Callable[[str, np.ndarray], np.ndarray] = lambda label, a: a
+    unpresent: Callable[[str, np.ndarray], np.ndarray] = lambda label, a: a
+    packed_offsets: np.ndarray | None = None  # first packed row of each step (packed dumps)
+
+
+@dataclass
+class Row:
+    """One (call, output) judged: msProbe's columns for the device, the benchmark standard for
+    the device and the fused engine, lstmgrad's bound, and the verdict under the rule."""
+
+    call: str
+    key: str
+    label: str
+    dtype: str
+    shape: tuple[int, ...]
+    status: str  # pass, warning, error, unjudged, unreadable
+    note: str = ""
+    columns: metrics.Columns | None = None
+    device: metrics.Benchmark | None = None
+    fused: metrics.Benchmark | None = None
+    ratios: dict[str, float] = field(default_factory=dict)
+    benchmark_status: str = ""
+    nonfinite: int = 0
+    bound_off: float = 0.0  # share of elements beyond the bound
+    fused_bound_max: float = 0.0  # the fused engine's largest error / bound
+    worst: list[tuple[float, float, str]] = field(default_factory=list)
+    stats: list[tuple[str, float, float, float, bool]] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == metrics.ERROR
+
+
+@dataclass
+class CallReport:
+    """Every row of one call and the call's verdict: passed, failed, skipped or unreadable."""
+
+    name: str
+    source: str
+    kind: str
+    dtype: str = ""
+    dims: str = ""
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    skipped: str | None = None  # why the call was not checked at all
+    unreadable: str | None = None  # why it could not be checked (I/O or a malformed entry)
+
+    @property
+    def verdict(self) -> str:
+        if self.skipped is not None:
+            return "skipped"
+        if any(r.failed for r in self.rows):
+            return "failed"
+        if self.unreadable is not None or any(r.status == "unreadable" for r in self.rows):
+            return "unreadable"
+        if not any(r.status in (metrics.PASS, metrics.WARNING) for r in self.rows):
+            return "unjudged"
+        return "passed"
+
+
+# --------------------------------------------------------------------------- recomputation
+
+
+def _up(v: Any) -> Any:
+    if isinstance(v, list):
+        return [_up(e) for e in v]
+    if isinstance(v, np.ndarray) and v.dtype.kind == "f":
+        return v.astype(np.float64)
+    return v
+
+
+def round_bf16(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16 (ties to even), kept as float32."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    u = a.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(a), a, r)
+
+
+def _in_dtype(v: Any, dtype: str) -> Any:
+    """The dump's values as the fused engine takes them: bfloat16 widened to float32."""
+    if isinstance(v, list):
+        return [_in_dtype(e, dtype) for e in v]
+    if isinstance(v, np.ndarray) and v.dtype.kind == "f":
+        return v.astype(np.float32 if dtype == "bfloat16" else dtype)
+    return v
+
+
+def _out_dtype(v: Any, dtype: str) -> Any:
+    if v is None:
+        return None
+    if isinstance(v, (list, tuple)):
+        return [_out_dtype(e, dtype) for e in v]
+    return round_bf16(v) if dtype == "bfloat16" else v
+
+
+@dataclass
+class _Results:
+    forward: dict[str, np.ndarray]
+    backward: dict[str, np.ndarray]
+
+
+def _run(case: Case, impl: str, want_backward: bool) -> _Results:
+    """One engine's results by label, in lstmgrad's layout."""
+    conv = _up if impl == "reference" else (lambda v: _in_dtype(v, case.dtype))
+    flags: dict[str, Any] = {
+        "has_bias": case.has_bias, "num_layers": case.num_layers,
+        "bidirectional": case.bidirectional, "batch_first": case.batch_first,
+    }  # fmt: skip
+    x, params = conv(case.x), conv(case.params)
+    hx = conv(case.hx) if case.hx is not None else None
+    fwd: dict[str, np.ndarray] = {}
+    saved: Any = None
+    if case.saved is None:
+        out = lstm_forward(x, params, hx, case.batch_sizes, dropout=0.0, train=True, impl=impl,
+                           **flags)  # fmt: skip
+        fwd = {"y": out.output, "h_n": out.hy, "c_n": out.cy}
+        if out.saved is not None:
+            saved = out.saved[:7]
+            fwd.update({f"{n}.{k}": a for n, lst in zip(SAVED, saved, strict=True)
+                        for k, a in enumerate(lst)})  # fmt: skip
+    else:
+        saved = [conv(case.saved[n]) for n in SAVED]
+    bwd: dict[str, np.ndarray] = {}
+    if want_backward and case.grads_in is not None:
+        g = {k: conv(v) if v is not None else None for k, v in case.grads_in.items()}
+        if hx is None:
+            h0 = np.zeros_like(fwd["h_n"])
+            hx = [h0, h0.copy()]
+        res: Any = lstm_backward(x, hx, params, g.get("dy"), g.get("dh"), g.get("dc"), saved[0],
+                                 saved[1], saved[2], saved[3], saved[4], saved[5], saved[6],
+                                 case.batch_sizes, dropout=0.0, train=True, impl=impl, **flags)  # fmt: skip
+        bwd = {"dx": res.dx, "dh0": res.dh_prev, "dc0": res.dc_prev}
+        d = 2 if case.bidirectional else 1
+        for p, a in enumerate(res.dparams or []):
+            bwd[param_name(p, d, case.has_bias)] = a
+    if impl != "reference":
+        fwd = {k: _out_dtype(v, case.dtype) for k, v in fwd.items()}
+        bwd = {k: _out_dtype(v, case.dtype) for k, v in bwd.items()}
+    return _Results(fwd, bwd)
+
+
+# --------------------------------------------------------------------------- judging
+
+
+def _accumulation(case: Case, label: str) -> int:
+    """K of the bound: the reduction length behind the output (docs/check.md)."""
+    d = 2 if case.bidirectional else 1
+    h = case.params[1].shape[-1] if len(case.params) > 1 else 1
+    i = case.x.shape[-1]
+    if label in ("y", "h_n", "c_n") or label.split(".")[0] in SAVED:
+        return max(i, d * h) + h
+    if label == "dx":
+        return d * 4 * h
+    if label in ("dh0", "dc0"):
+        return 4 * h
+    if case.batch_sizes is not None:
+        return int(np.sum(case.batch_sizes))
+    t_axis = 1 if case.batch_first else 0
+    return int(case.x.shape[t_axis] * case.x.shape[1 - t_axis])
+
+
+def _locate(case: Case, label: str, index: tuple[int, ...]) -> str:
+    """Where an element sits, in the operator's terms."""
+    d = 2 if case.bidirectional else 1
+    idx = "[" + ", ".join(map(str, index)) + "]"
+    if label in ("y", "dx"):
+        if case.packed_offsets is not None:
+            row = index[0]
+            t = int(np.searchsorted(case.packed_offsets, row, side="right")) - 1
+            where = f"step {t}, batch row {row - int(case.packed_offsets[t])}"
+        elif case.batch_sizes is not None:
+            b = len(case.batch_sizes) and case.x.shape[0] // len(case.batch_sizes)
+            where = f"step {index[0] // max(b, 1)}, batch row {index[0] % max(b, 1)}"
+        else:
+            t, b = (index[1], index[0]) if case.batch_first else (index[0], index[1])
+            where = f"step {t}, batch row {b}"
+        if label == "y":
+            h = case.params[1].shape[-1]
+            return f"{idx}: {where}, direction {index[-1] // h}, hidden unit {index[-1] % h}"
+        return f"{idx}: {where}, input column {index[-1]}"
+    if label in ("h_n", "c_n", "dh0", "dc0"):
+        k, b, u = index
+        return f"{idx}: layer {k // d}, direction {k % d}, batch row {b}, hidden unit {u}"
+    if label.split(".")[0] in SAVED:
+        t, b, u = index
+        return f"{idx}: step {t}, batch row {b}, hidden unit {u}"
+    h = case.params[1].shape[-1]
+    col = f", column {index[1]}" if len(index) > 1 else ""
+    return f"{idx}: gate {'ifgo'[index[0] // h]}, hidden unit {index[0] % h}{col}"
+
+
+def _stats_of(a: np.ndarray) -> dict[str, float]:
+    a = a.astype(np.float64)
+    if a.size == 0:
+        return {}
+    return {"Max": float(a.max()), "Min": float(a.min()), "Mean": float(a.mean()),
+            "Norm": float(np.linalg.norm(a.ravel()))}  # fmt: skip
+
+
+def _judge_stats(case: Case, dev: Device, ref: np.ndarray, k: int, factor: float) -> Row:
+    """A device tensor known only by its recorded statistics."""
+    row = Row(case.name, dev.key, dev.label, case.dtype, tuple(ref.shape), metrics.PASS)
+    ref_stats = _stats_of(ref)
+    rms = float(np.sqrt(np.mean(np.square(ref)))) if ref.size else 0.0
+    recorded = {s: (dev.stats or {}).get(s) for s in STATS}
+    compared = 0
+    for s in STATS:
+        got = recorded[s]
+        if got is None or s not in ref_stats or isinstance(got, bool):
+            continue
+        compared += 1
+        got = float(got)
+        tol = metrics.stat_tolerance(s, ref_stats[s], rms, case.dtype, k, factor)
+        ok = abs(got - ref_stats[s]) <= tol or (np.isnan(got) and np.isnan(ref_stats[s]))
+        row.stats.append((s, got, ref_stats[s], tol, bool(ok)))
+        if not ok:
+            row.status = metrics.ERROR
+    why = dev.problem or "the dump holds statistics only (task 'statistics')"
+    if not compared:
+        row.status = "unreadable" if dev.problem else "unjudged"
+        row.note = f"{why}; no statistics recorded either"
+        return row
+    row.note = f"{why}: its recorded Max/Min/Mean/Norm compared, not its elements"
+    if dev.problem and row.status == metrics.PASS:
+        row.status = "unreadable"  # the file should be there: not a full check
+    return row
+
+
+def _judge_tensor(
+    case: Case, dev: Device, ref: np.ndarray, fused: np.ndarray, rule: str, factor: float,
+    top: int,
+) -> Row:  # fmt: skip
+    assert dev.value is not None
+    a = dev.value
+    row = Row(case.name, dev.key, dev.label, case.dtype, tuple(a.shape), metrics.PASS)
+    if a.shape != ref.shape:
+        row.status, row.note = (
+            metrics.ERROR,
+            (f"shape {list(a.shape)} where the operator gives {list(ref.shape)}"),
+        )
+        return row
+    k = _accumulation(case, dev.label)
+    row.nonfinite = metrics.finite_mismatch(a, ref)
+    row.columns = metrics.compare_columns(a, ref)
+    row.device = metrics.benchmark_metrics(a, ref, case.dtype)
+    row.fused = metrics.benchmark_metrics(fused, ref, case.dtype)
+    row.benchmark_status, row.ratios = metrics.benchmark_verdict(row.device, row.fused)
+    tol = metrics.bound(ref, case.dtype, k, factor)
+    err = np.abs(a.astype(np.float64) - ref)
+    err = np.where(np.isnan(err), np.inf, err)
+    tiny = np.finfo(np.float64).tiny
+    times = err / np.maximum(tol, tiny)
+    row.bound_off = float(np.count_nonzero(err > tol)) / max(a.size, 1)
+    fused_err = np.abs(fused.astype(np.float64) - ref)
+    row.fused_bound_max = float((fused_err / np.maximum(tol, tiny)).max(initial=0.0))
+    for flat in np.argsort(times, axis=None)[::-1][:top] if a.size else []:
+        idx = tuple(int(v) for v in np.unravel_index(int(flat), a.shape))
+        if err[idx] > 0:
+            row.worst.append((float(err[idx]), float(times[idx]), _locate(case, dev.label, idx)))
+    statuses = []
+    if rule in ("msprobe", "both"):
+        cos_bad = row.columns.cosine is not None and not row.columns.cosine > metrics.COSINE_MIN
+        statuses += [row.benchmark_status, metrics.ERROR if cos_bad else metrics.PASS]
+    if rule in ("bound", "both"):
+        statuses.append(metrics.ERROR if row.bound_off > 0 else metrics.PASS)
+    if row.nonfinite:
+        statuses.append(metrics.ERROR)
+        row.note = f"{row.nonfinite} NaN/Inf where the reference differs"
+    row.status = metrics.worst(*statuses)
+    return row
+
+
+def _judge_one(
+    case: Case, dev: Device, ref: np.ndarray | None, fused: np.ndarray | None, rule: str,
+    factor: float, top: int,
+) -> Row:  # fmt: skip
+    if ref is None or fused is None:
+        return Row(case.name, dev.key, dev.label, case.dtype, dev.shape or (), "unjudged",
+                   note="the operator has no such output here")  # fmt: skip
+    ref, fused = case.present(dev.label, ref), case.present(dev.label, fused)
+    if dev.value is None:
+        return _judge_stats(case, dev, ref, _accumulation(case, dev.label), factor)
+    return _judge_tensor(case, dev, ref, fused, rule, factor, top)
+
+
+def _layer0(case: Case, label: str, a: np.ndarray) -> np.ndarray:
+    """The first layer's rows of a [L*D, B, H] state."""
+    return a[: 2 if case.bidirectional else 1] if label in ("h_n", "c_n") else a
+
+
+def judge(case: Case, rule: str = "msprobe", factor: float = metrics.BOUND_FACTOR,
+          top: int = 3) -> CallReport:  # fmt: skip
+    """Recompute ``case`` and judge every device tensor it holds.
+
+    Raises:
+        CaseError: the dump's arguments break the operator's contract (names the dump key).
+    """
+    d = 2 if case.bidirectional else 1
+    t_axis = 1 if case.batch_first else 0
+    steps = len(case.batch_sizes) if case.batch_sizes is not None else case.x.shape[t_axis]
+    h = case.params[1].shape[-1] if len(case.params) > 1 else 0
+    dims = (f"T {steps} I {case.x.shape[-1]} H {h} L {case.num_layers} D {d}"
+            f"{' batch_first' if case.batch_first else ''}"
+            f"{' bias' if case.has_bias else ' no bias'}"
+            f"{' variable lengths' if case.batch_sizes is not None else ''}")  # fmt: skip
+    rep = CallReport(case.name, case.source, "", case.dtype, dims, notes=list(case.notes))
+    want_bwd = bool(case.backward) and case.grads_in is not None and not case.upper_layers_unknown
+    try:
+        ref = _run(case, "reference", want_bwd)
+        fused = _run(case, "fused", want_bwd)
+    except LstmArgumentError as exc:
+        key = case.keys.get(exc.param or "", exc.param)
+        raise CaseError(f"{key}: {exc}") from exc
+    for dev in case.forward:
+        r, f = ref.forward.get(dev.label), fused.forward.get(dev.label)
+        if case.upper_layers_unknown and case.num_layers > 1:
+            if dev.label not in ("h_n", "c_n"):
+                rep.rows.append(Row(case.name, dev.key, dev.label, case.dtype, dev.shape or (),
+                                    "unjudged", note="not judged: see the call's note"))  # fmt: skip
+                continue
+            if dev.value is None:
+                rep.rows.append(Row(case.name, dev.key, dev.label, case.dtype, dev.shape or (),
+                                    "unjudged", note="its statistics cover every layer, and only "
+                                    f"layer 0 can be judged ({case.upper_layers_unknown})"))  # fmt: skip
+                continue
+            dev = _first_layer(case, dev)
+            r, f = (_layer0(case, dev.label, v) if v is not None else None for v in (r, f))
+        rep.rows.append(_judge_one(case, dev, r, f, rule, factor, top))
+    for dev in case.backward:
+        if not want_bwd:
+            why = ("not judged: see the call's note" if case.upper_layers_unknown else
+                   "not judged: no gradients flowing in are recorded")  # fmt: skip
+            rep.rows.append(Row(case.name, dev.key, dev.label, case.dtype, dev.shape or (),
+                                "unjudged", note=why))  # fmt: skip
+            continue
+        r, f = ref.backward.get(dev.label), fused.backward.get(dev.label)
+        rep.rows.append(_judge_one(case, dev, r, f, rule, factor, top))
+    if case.upper_layers_unknown and case.num_layers > 1:
+        rep.notes.append(f"judged: layer 0's h_n and c_n only: {case.upper_layers_unknown}")
+    return rep
+
+
+def _first_layer(case: Case, dev: Device) -> Device:
+    assert dev.value is not None
+    value = _layer0(case, dev.label, dev.value)
+    return Device(f"{dev.key} (layer 0 rows)", dev.label, value, None, dev.problem, value.shape)
+
+
+def expected_params(num_layers: int, bidirectional: bool, has_bias: bool) -> list[str]:
+    """Torch's names of the flat weights, in order."""
+    d = 2 if bidirectional else 1
+    return [param_name(p, d, has_bias) for p in range(num_params(num_layers, bidirectional,
+                                                                 has_bias))]  # fmt: skip

@@ -1,0 +1,910 @@
+"""Reading what Ascend's msProbe dumps, and finding the LSTM calls in it (docs/check.md).
+
+Two routes lead to a :class:`lstmgrad.golden.Case`:
+
+- an API / module dump (task "tensor" or "statistics"): ``step*/rank*/dump.json`` with its
+  ``dump_tensor_data/`` folder. Every ``VF.lstm``, ``Torch.lstm`` and ``Aten.lstm`` forward
+  (dense or packed overload) and every ``Module.*.LSTM.forward.*`` becomes a case, with its
+  ``.backward`` entry and the module's ``parameters_grad`` where present; ``NPU.npu_lstm`` is
+  listed and skipped (its argument layout is not known);
+- a kernel-level dump turned into ``.npy`` files by ``msprobe parse -t npy``: one file per
+  argument of aclnnLstmBackward or aclnnLSTM, in the kernel's order.
+
+Tensor files are read on the CPU with ``torch.load(..., weights_only=True)`` (``.pt``) or
+``numpy.load`` (``.npy``, older dumps); nothing in a dump is executed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import torch_missing
+from .golden import SAVED, CallReport, Case, CaseError, Device, expected_params, judge
+from .layout import Dims, num_params, param_name
+from .metrics import BOUND_FACTOR
+
+API_FORWARD = re.compile(r"^(VF|Torch|Aten)\.lstm(\.[A-Za-z_]\w*)?\.(\d+)\.forward$")
+MODULE_FORWARD = re.compile(r"^Module\.(.+)\.LSTM\.forward\.(\d+)$")
+NPU_LSTM = re.compile(r"^NPU\.npu_lstm\w*\.(\d+)\.forward$")
+PARAM_NAME = re.compile(r"^(weight|bias)_(ih|hh|hr)_l(\d+)(_reverse)?$")
+NPU_LSTM_REASON = (
+    "torch_npu's own LSTM op: its argument layout is not documented, so it is not recomputed "
+    "(models that call torch.nn.LSTM appear as VF.lstm and are checked)"
+)
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+class DumpReadError(Exception):
+    """A dump that cannot be read at all: no dump.json, or one that is not msProbe's JSON."""
+
+
+class Unavailable(Exception):
+    """A tensor whose values cannot be had: ``.kind`` is "statistics" (task "statistics", no
+    file), "missing" (the file is not there) or "unloadable"."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Skip(Exception):
+    """A call that is an LSTM but cannot be recomputed (the message says why)."""
+
+
+class Unreadable(Exception):
+    """A call that could not be checked because something in the dump is missing or broken."""
+
+
+# --------------------------------------------------------------------------- dump.json values
+
+
+@dataclass
+class TensorRef:
+    """A tensor described in dump.json: its key, dtype, shape, statistics and file."""
+
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    stats: dict[str, Any]
+    data_name: str | None
+    folder: Path
+
+    def load(self) -> np.ndarray:
+        """The values on the CPU (bfloat16 widened to float32), checked against dump.json.
+
+        Raises:
+            Unavailable: no file (statistics task), a missing file, or one that does not load.
+        """
+        if not self.data_name:
+            raise Unavailable(f"{self.key}: no tensor file (dump.json was written by task "
+                              "'statistics'; a golden needs task 'tensor')", "statistics")  # fmt: skip
+        path = self.folder / self.data_name
+        if not path.is_file():
+            raise Unavailable(f"{self.key}: tensor file {path} is missing", "missing")
+        arr = _read_npy(path) if path.suffix == ".npy" else _read_pt(path)
+        if tuple(arr.shape) != self.shape:
+            raise Unavailable(f"{self.key}: {path.name} holds shape {list(arr.shape)}, dump.json "
+                              f"says {list(self.shape)}", "unloadable")  # fmt: skip
+        if self.dtype in FLOAT_DTYPES and arr.dtype.kind != "f":
+            raise Unavailable(f"{self.key}: {path.name} holds {arr.dtype}, dump.json says "
+                              f"{self.dtype}", "unloadable")  # fmt: skip
+        return arr
+
+
+def _read_npy(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except Exception as exc:
+        raise Unavailable(f"{path}: not a readable .npy file ({exc})", "unloadable") from exc
+
+
+def _read_pt(path: Path) -> np.ndarray:
+    try:
+        import torch
+    except ImportError as exc:
+        raise Unavailable(str(torch_missing("reading msProbe's .pt tensor files")),
+                          "unloadable") from exc  # fmt: skip
+    try:
+        t = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        text = str(exc)
+        if "npu" in text.lower():
+            raise Unavailable(
+                f"{path.name} holds a tensor saved on an Ascend NPU, which loads only where "
+                "torch_npu is installed: run lstmgrad check there, or have the dump's tensors "
+                f"moved to the CPU before saving ({text.splitlines()[0][:200]})",
+                "unloadable",
+            ) from exc
+        raise Unavailable(f"{path.name}: not a readable torch.save file ({text.splitlines()[0][:200]})",
+                          "unloadable") from exc  # fmt: skip
+    if not isinstance(t, torch.Tensor):
+        raise Unavailable(f"{path.name}: holds a {type(t).__name__}, not a tensor", "unloadable")
+    t = t.detach().cpu()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def _decode(node: Any, key: str, folder: Path) -> Any:
+    """A dump.json value as Python: TensorRef, bool/int/float/str, list, dict or None."""
+    if node is None:
+        return None
+    if isinstance(node, list):
+        return [_decode(v, f"{key}.{i}", folder) for i, v in enumerate(node)]
+    if not isinstance(node, dict):
+        return node
+    kind = node.get("type")
+    if kind in ("torch.Tensor", "numpy.ndarray", "mindspore.Tensor"):
+        dtype = str(node.get("dtype", "")).replace("torch.", "")
+        shape = node.get("shape")
+        if not isinstance(shape, list):
+            raise Unreadable(f"{key}: tensor entry without a shape list")
+        stats = {s: node.get(s) for s in ("Max", "Min", "Mean", "Norm")}
+        return TensorRef(key, dtype, tuple(int(v) for v in shape), stats, node.get("data_name"),
+                         folder)  # fmt: skip
+    if kind in ("bool", "int", "float", "str", "torch.dtype", "slice", "ellipsis"):
+        return node.get("value")
+    if kind is not None and "value" in node:
+        return node["value"]
+    return {k: _decode(v, f"{key}.{k}", folder) for k, v in node.items()}
+
+
+# --------------------------------------------------------------------------- finding dumps
+
+
+def dump_files(path: str | Path) -> list[Path]:
+    """Every dump.json a path stands for: the file itself, a rank or step folder, or the dump
+    root (searched below).
+
+    Raises:
+        DumpReadError: the path does not exist or holds no dump.json.
+    """
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise DumpReadError(f"{p}: no such file or folder")
+    if (p / "dump.json").is_file():
+        return [p / "dump.json"]
+    found = sorted(p.rglob("dump.json"), key=lambda f: _natural(str(f.relative_to(p))))
+    if not found:
+        raise DumpReadError(f"{p}: no dump.json in it or below it (msProbe writes "
+                            "step{N}/rank{R}/dump.json under its dump_path)")  # fmt: skip
+    return found
+
+
+def _natural(text: str) -> list[Any]:
+    return [int(s) if s.isdigit() else s for s in re.split(r"(\d+)", text)]
+
+
+def read_dump_json(path: Path) -> dict[str, Any]:
+    """dump.json's top level, checked to be msProbe's.
+
+    Raises:
+        DumpReadError: unreadable, not JSON, or without a "data" object.
+    """
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DumpReadError(f"{path}: not readable as JSON ({exc})") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
+        raise DumpReadError(f"{path}: not an msProbe dump.json (no \"data\" object at the top "
+                            "level)")  # fmt: skip
+    fw = doc.get("framework")
+    if fw not in (None, "pytorch"):
+        raise DumpReadError(f"{path}: framework {fw!r}; lstmgrad check reads PyTorch dumps")
+    return doc
+
+
+def tensor_folder(dump_json: Path, doc: dict[str, Any]) -> Path:
+    """Where the tensor files are: dump_tensor_data beside dump.json (the dump may have been
+    copied from another machine, so its recorded dump_data_dir comes second)."""
+    local = dump_json.parent / "dump_tensor_data"
+    recorded = doc.get("dump_data_dir")
+    if not local.is_dir() and isinstance(recorded, str) and Path(recorded).is_dir():
+        return Path(recorded)
+    return local
+
+
+# --------------------------------------------------------------------------- LSTM calls
+
+
+@dataclass
+class Found:
+    """An LSTM call found in a dump.json: a case to judge, or the reason it is not checked."""
+
+    name: str
+    source: str
+    kind: str  # "api dense", "api packed", "module", "npu_lstm", "backward only"
+    case: Case | None = None
+    skipped: str | None = None
+    unreadable: str | None = None
+
+
+def lstm_calls(dump_json: Path, *, no_dropout: bool = False, label: str = "") -> Iterator[Found]:
+    """Every LSTM call of one dump.json, in the order the dump lists them.
+
+    Args:
+        dump_json: the file.
+        no_dropout: module calls ran without dropout between layers (Module entries do not
+            record dropout or training mode).
+        label: how the source is named in the report (default: the path).
+
+    Raises:
+        DumpReadError: the file is unreadable.
+    """
+    doc = read_dump_json(dump_json)
+    data: dict[str, Any] = doc["data"]
+    folder = tensor_folder(dump_json, doc)
+    src = label or str(dump_json)
+    module_calls: dict[str, int] = {}
+    for name in data:
+        m = MODULE_FORWARD.match(name)
+        if m:
+            module_calls[m.group(1)] = module_calls.get(m.group(1), 0) + 1
+    forwards = set()
+    for name, entry in data.items():
+        if NPU_LSTM.match(name):
+            yield Found(name, src, "npu_lstm", skipped=NPU_LSTM_REASON)
+            continue
+        api, mod = API_FORWARD.match(name), MODULE_FORWARD.match(name)
+        if not (api or mod):
+            continue
+        forwards.add(name)
+        try:
+            if not isinstance(entry, dict):
+                raise Unreadable(f"{name}: entry is {type(entry).__name__}, not an object")
+            if api:
+                back = name[: -len("forward")] + "backward"
+                yield _found(name, src, _api_case(name, entry, data.get(back), back, folder, src))
+            else:
+                assert mod is not None
+                path, n = mod.group(1), mod.group(2)
+                back = f"Module.{path}.LSTM.backward.{n}"
+                grads_name = f"Module.{path}.LSTM.parameters_grad"
+                grads = data.get(grads_name) if module_calls.get(path) == 1 else None
+                case = _module_case(name, entry, data.get(back), back, grads, grads_name,
+                                    folder, src, no_dropout)  # fmt: skip
+                if module_calls.get(path, 0) > 1 and grads_name in data:
+                    case.notes.append(f"{grads_name}: the module ran {module_calls[path]} times "
+                                      "and its parameter gradients sum them all: not judged per "
+                                      "call")  # fmt: skip
+                yield _found(name, src, case)
+        except Skip as exc:
+            yield Found(name, src, "module" if mod else "api", skipped=str(exc))
+        except (Unreadable, Unavailable) as exc:
+            kind = getattr(exc, "kind", "")
+            if kind == "statistics":
+                yield Found(name, src, "module" if mod else "api", skipped=(
+                    "statistics only: recomputing the call needs its inputs' values, which "
+                    "only task 'tensor' dumps (its outputs' Max/Min/Mean/Norm alone cannot be "
+                    "recomputed without them)"))  # fmt: skip
+            else:
+                yield Found(name, src, "module" if mod else "api", unreadable=str(exc))
+    for name in data:
+        if re.match(r"^(VF|Torch|Aten)\.lstm(\.[A-Za-z_]\w*)?\.\d+\.backward$", name) or \
+                re.match(r"^Module\..+\.LSTM\.backward\.\d+$", name):  # fmt: skip
+            fwd = (name[: -len("backward")] + "forward") if name.endswith("backward") else \
+                name.replace(".LSTM.backward.", ".LSTM.forward.")  # fmt: skip
+            if fwd not in forwards:
+                yield Found(name, src, "backward only", skipped=(
+                    f"its forward entry {fwd} is not in the dump, so the call's inputs are "
+                    "unknown (dump the forward too: scope or step settings may have left it "
+                    "out)"))  # fmt: skip
+
+
+def _found(name: str, src: str, case: Case) -> Found:
+    return Found(name, src, case.kind, case)
+
+
+def _flag(value: Any, kind: type, key: str) -> Any:
+    ok = isinstance(value, bool) if kind is bool else (
+        isinstance(value, kind) and not isinstance(value, bool) or
+        (kind is float and isinstance(value, int) and not isinstance(value, bool)))  # fmt: skip
+    if not ok:
+        raise Unreadable(f"{key}: expected a {kind.__name__}, got {value!r}")
+    return kind(value)
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, TensorRef):
+        return f"tensor {v.dtype} {list(v.shape)}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_describe(e) for e in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_describe(e)}" for k, e in v.items()) + "}"
+    return repr(v)
+
+
+def _tensor(v: Any, key: str, what: str) -> TensorRef:
+    if not isinstance(v, TensorRef):
+        raise Unreadable(f"{key}: expected {what} (a tensor), got {_describe(v)}")
+    return v
+
+
+def _float_dtype(ref: TensorRef) -> str:
+    if ref.dtype not in FLOAT_DTYPES:
+        raise Skip(f"{ref.key} is {ref.dtype}; the operator takes float16, bfloat16, float32 or "
+                   "float64")  # fmt: skip
+    return ref.dtype
+
+
+def _device_list(call: str, kind: str, values: list[Any], labels: list[str],
+                 notes: list[str]) -> list[Device]:  # fmt: skip
+    """Device tensors from a list of TensorRefs (a null entry is noted, not judged)."""
+    out = []
+    for i, (v, lab) in enumerate(zip(values, labels, strict=False)):
+        key = v.key if isinstance(v, TensorRef) else f"{call}.{kind}.{i}"
+        if v is None:
+            notes.append(f"{key} ({lab}) is null in dump.json: not judged")
+            continue
+        out.append(_device(_tensor(v, key, lab), lab))
+    return out
+
+
+def _device(ref: TensorRef, label: str) -> Device:
+    try:
+        return Device(ref.key, label, ref.load(), ref.stats, None, ref.shape)
+    except Unavailable as exc:
+        problem = None if exc.kind == "statistics" else str(exc)
+        return Device(ref.key, label, None, ref.stats, problem, ref.shape)
+
+
+class _Packing:
+    """PackedSequence rows <-> lstmgrad's padded time-major [T*B, *] rows."""
+
+    def __init__(self, batch_sizes: np.ndarray, key: str) -> None:
+        bs = np.asarray(batch_sizes, dtype=np.int64)
+        if bs.ndim != 1 or bs.size == 0 or (bs < 0).any():
+            raise Unreadable(f"{key}: batch_sizes must be a non-empty 1-D tensor of counts, got "
+                             f"{bs.tolist()}")  # fmt: skip
+        if (np.diff(bs) > 0).any():
+            raise Unreadable(f"{key}: batch_sizes must not increase (a PackedSequence's), got "
+                             f"{bs.tolist()}")  # fmt: skip
+        self.bs, self.T, self.B = bs, int(bs.size), int(bs[0])
+        self.offsets = np.concatenate([[0], np.cumsum(bs)[:-1]])
+        self.rows = np.concatenate([t * self.B + np.arange(n) for t, n in enumerate(bs)])
+
+    def pad(self, packed: np.ndarray) -> np.ndarray:
+        out = np.zeros((self.T * self.B,) + packed.shape[1:], dtype=packed.dtype)
+        out[self.rows] = packed
+        return out
+
+    def pack(self, padded: np.ndarray) -> np.ndarray:
+        return padded[self.rows]
+
+
+def _api_case(name: str, entry: dict[str, Any], back: Any, back_name: str, folder: Path,
+              src: str) -> Case:  # fmt: skip
+    args = _decode(entry.get("input_args"), f"{name}.input", folder)
+    kwargs = _decode(entry.get("input_kwargs") or {}, f"{name}.kwargs", folder)
+    out = _decode(entry.get("output"), f"{name}.output", folder)
+    if kwargs:
+        raise Unreadable(f"{name}: unexpected keyword arguments {sorted(kwargs)} (torch.nn.LSTM "
+                         "passes every argument by position)")  # fmt: skip
+    if not isinstance(args, list) or len(args) != 9:
+        raise Skip(f"input_args hold {_describe(args)}; expected the dense overload (input, "
+                   "[h0, c0], params, has_biases, num_layers, dropout, train, bidirectional, "
+                   "batch_first) or the packed one (data, batch_sizes, [h0, c0], params, "
+                   "has_biases, num_layers, dropout, train, bidirectional)")  # fmt: skip
+    packed = isinstance(args[1], TensorRef)
+    if packed:
+        x, bs_ref, hx, params, *flags = args
+        batch_first = False
+    else:
+        x, hx, params, *flags, batch_first = args
+        batch_first = _flag(batch_first, bool, f"{name}.input.8")
+    first = 3 if not packed else 4
+    has_bias, layers, dropout, train, bidir = (
+        _flag(v, t, f"{name}.input.{first + i}")
+        for i, (v, t) in enumerate(zip(flags, (bool, int, float, bool, bool), strict=True))
+    )  # fmt: skip
+    x_ref = _tensor(x, f"{name}.input.0", "the input")
+    dtype = _float_dtype(x_ref)
+    hx_at = 2 if packed else 1
+    if not (isinstance(hx, list) and len(hx) == 2):
+        raise Unreadable(f"{name}.input.{hx_at}: expected [h0, c0], got {_describe(hx)}")
+    n = num_params(layers, bidir, has_bias)
+    if not (isinstance(params, list) and len(params) == n):
+        raise Unreadable(f"{name}.input.{hx_at + 1}: expected {n} weights "
+                         f"({', '.join(expected_params(layers, bidir, has_bias)[:4])}, ...), got "
+                         f"{_describe(params)}")  # fmt: skip
+    p_refs = [_tensor(p, f"{name}.input.{hx_at + 1}.{i}", "a weight") for i, p in enumerate(params)]
+    h_refs = [_tensor(h, f"{name}.input.{hx_at}.{i}", "h0 / c0") for i, h in enumerate(hx)]
+    packing = None
+    xv = x_ref.load()
+    if packed:
+        bs_tensor = _tensor(bs_ref, f"{name}.input.1", "batch_sizes")
+        packing = _Packing(bs_tensor.load(), bs_tensor.key)
+        xv = packing.pad(xv)
+    case = Case(
+        name=name, source=src, dtype=dtype, x=xv, params=[p.load() for p in p_refs],
+        hx=[h.load() for h in h_refs], batch_sizes=packing.bs if packing else None,
+        has_bias=has_bias, num_layers=layers, bidirectional=bidir, batch_first=batch_first,
+        keys={"input": x_ref.key, "params": f"{name}.input.{hx_at + 1}",
+              "hx": f"{name}.input.{hx_at}", "batch_sizes": f"{name}.input.1"},
+        kind="api packed" if packed else "api dense",
+    )  # fmt: skip
+    if packing is not None:
+        _use_packing(case, packing)
+    if train and dropout > 0 and layers > 1:
+        case.upper_layers_unknown = (
+            f"train with dropout {dropout:g} between layers: the dropout masks are not in the "
+            "dump, so the layers above the first, y and the backward cannot be recomputed")  # fmt: skip
+    outs = out if isinstance(out, list) else [out]
+    case.forward = _device_list(name, "output", outs[:3], ["y", "h_n", "c_n"], case.notes)
+    if back is not None:
+        labels = {id(x): "dx", id(hx[0]): "dh0", id(hx[1]): "dc0"}
+        labels.update({id(p): param_name(i, 2 if bidir else 1, has_bias)
+                       for i, p in enumerate(params)})  # fmt: skip
+        _backward(case, back, back_name, folder, args, outs[:3], labels,
+                  {id(outs[i]): g for i, g in enumerate(("dy", "dh", "dc")) if i < len(outs)})  # fmt: skip
+    return case
+
+
+def _use_packing(case: Case, packing: _Packing) -> None:
+    case.packed_offsets = packing.offsets
+    flat = ("y", "dx")
+    case.present = lambda label, a: packing.pack(a) if label in flat else a
+    case.unpresent = lambda label, a: packing.pad(a) if label == "dy" else a
+
+
+def _pairs(fwd: Any, grad: Any, key: str) -> Iterator[tuple[Any, TensorRef]]:
+    """(forward tensor, its gradient) where the gradient structure mirrors the forward's; a
+    null gradient stands for a whole subtree without one."""
+    if grad is None:
+        return
+    if isinstance(fwd, TensorRef):
+        if not isinstance(grad, TensorRef):
+            raise Skip(f"{key} is {_describe(grad)} where the forward had {_describe(fwd)}")
+        if grad.shape != fwd.shape:
+            raise Skip(f"{key} has shape {list(grad.shape)}, the forward's tensor "
+                       f"{list(fwd.shape)}")  # fmt: skip
+        yield fwd, grad
+    elif isinstance(fwd, list):
+        if not isinstance(grad, list) or len(grad) > len(fwd):
+            raise Skip(f"{key} is {_describe(grad)}, which does not mirror the forward's "
+                       f"{_describe(fwd)}")  # fmt: skip
+        for i, (f, g) in enumerate(zip(fwd, grad, strict=False)):
+            yield from _pairs(f, g, f"{key}.{i}")
+    elif isinstance(fwd, dict):
+        if isinstance(grad, TensorRef) and isinstance(fwd.get("data"), TensorRef):
+            yield from _pairs(fwd["data"], grad, key)  # a PackedSequence's gradient: its data's
+            return
+        if not isinstance(grad, dict):
+            raise Skip(f"{key} is {_describe(grad)} where the forward had {_describe(fwd)}")
+        for k, g in grad.items():
+            yield from _pairs(fwd.get(k), g, f"{key}.{k}")
+    elif isinstance(grad, TensorRef):
+        raise Skip(f"{key} is a tensor where the forward had {fwd!r}")
+
+
+def _backward(case: Case, back: Any, back_name: str, folder: Path, fwd_in: Any, fwd_out: Any,
+              labels: dict[int, str], grads_of: dict[int, str]) -> None:  # fmt: skip
+    """The device's gradients and the ones that flowed in, from a .backward entry."""
+    if not isinstance(back, dict):
+        case.notes.append(f"{back_name}: entry is not an object: backward not judged")
+        return
+    g_in = _decode(back.get("input"), f"{back_name}.input", folder)
+    g_out = _decode(back.get("output"), f"{back_name}.output", folder)
+    try:
+        flowing = list(_pairs(fwd_out, g_in, f"{back_name}.input"))
+        produced = list(_pairs(fwd_in, g_out, f"{back_name}.output"))
+    except Skip as exc:
+        case.notes.append(f"backward not judged: its layout is not the one expected ({exc}); "
+                          "msProbe's backward entry of an LSTM is read as the gradients of the "
+                          "forward's outputs (input) and of its inputs (output)")  # fmt: skip
+        return
+    grads: dict[str, np.ndarray | None] = {"dy": None, "dh": None, "dc": None}
+    try:
+        for f, g in flowing:
+            if id(f) in grads_of:
+                grads[grads_of[id(f)]] = case.unpresent(grads_of[id(f)], g.load())
+    except Unavailable as exc:
+        case.notes.append(f"backward not recomputed: {exc}")
+        case.grads_in = None
+    else:
+        got = {grads_of[id(f)] for f, _ in flowing if id(f) in grads_of}
+        zero = [n for n in ("dy", "dh", "dc") if n not in got]
+        if zero:
+            outs = ", ".join({"dy": "y", "dh": "h_n", "dc": "c_n"}[n] for n in zero)
+            case.notes.append(f"{back_name}: no gradient recorded for {outs}: taken as zero, "
+                              "as autograd does for an output the loss did not use")  # fmt: skip
+        case.grads_in = grads
+    for f, g in produced:
+        label = labels.get(id(f))
+        if label is not None:
+            case.backward.append(_device(g, label))
+
+
+def _module_case(name: str, entry: dict[str, Any], back: Any, back_name: str, grads: Any,
+                 grads_name: str, folder: Path, src: str, no_dropout: bool) -> Case:  # fmt: skip
+    args = _decode(entry.get("input_args"), f"{name}.input", folder)
+    kwargs = _decode(entry.get("input_kwargs") or {}, f"{name}.kwargs", folder)
+    out = _decode(entry.get("output"), f"{name}.output", folder)
+    params = _decode(entry.get("parameters") or {}, f"{name}.parameters", folder)
+    if not isinstance(args, list) or not args:
+        raise Unreadable(f"{name}: input_args hold {_describe(args)}; expected [input] or "
+                         "[input, (h0, c0)]")  # fmt: skip
+    hx = args[1] if len(args) > 1 else kwargs.get("hx")
+    layers, bidir, has_bias, order = _module_config(name, params)
+    inp = args[0]
+    packed = isinstance(inp, dict)
+    if packed and not (isinstance(inp.get("data"), TensorRef) and
+                       isinstance(inp.get("batch_sizes"), TensorRef)):  # fmt: skip
+        raise Unreadable(f"{name}.input.0: expected a tensor or a PackedSequence, got "
+                         f"{_describe(inp)}")  # fmt: skip
+    x_ref = _tensor(inp["data"] if packed else inp, f"{name}.input.0", "the input")
+    dtype = _float_dtype(x_ref)
+    outs = out if isinstance(out, list) else [out]
+    y = outs[0] if outs else None
+    states = outs[1] if len(outs) == 2 and isinstance(outs[1], list) else outs[1:3]
+    states = list(states) + [None] * (2 - len(states))
+    if hx is not None and not (isinstance(hx, list) and len(hx) == 2):
+        raise Unreadable(f"{name}.input.1: expected (h0, c0), got {_describe(hx)}")
+    batch_first = False
+    packing = None
+    if packed:
+        bs_ref = inp["batch_sizes"]
+        packing = _Packing(bs_ref.load(), bs_ref.key)
+        xv = packing.pad(x_ref.load())
+    else:
+        batch_first = _module_batch_first(name, x_ref, hx, states)
+        xv = x_ref.load()
+    sort = unsort = None
+    if packed and isinstance(inp.get("sorted_indices"), TensorRef):
+        sort = inp["sorted_indices"].load().astype(np.int64)
+        unsort = (inp["unsorted_indices"].load().astype(np.int64)
+                  if isinstance(inp.get("unsorted_indices"), TensorRef) else np.argsort(sort))  # fmt: skip
+    hv = None
+    if hx is not None:
+        hv = [_tensor(h, f"{name}.input.1.{i}", "h0 / c0").load() for i, h in enumerate(hx)]
+        if sort is not None:
+            hv = [h[:, sort] for h in hv]  # the module hands the sorted batch to the kernel
+    case = Case(
+        name=name, source=src, dtype=dtype, x=xv,
+        params=[_tensor(params[p], f"{name}.parameters.{p}", p).load() for p in order],
+        hx=hv, batch_sizes=packing.bs if packing else None, has_bias=has_bias,
+        num_layers=layers, bidirectional=bidir, batch_first=batch_first,
+        keys={"input": x_ref.key, "params": f"{name}.parameters", "hx": f"{name}.input.1"},
+        kind="module packed" if packed else "module",
+    )  # fmt: skip
+    if packing is not None:
+        _use_packing(case, packing)
+    if unsort is not None:
+        base_present, base_unpresent = case.present, case.unpresent
+        states_l = ("h_n", "c_n", "dh0", "dc0")
+        case.present = lambda lab, a: a[:, unsort] if lab in states_l else base_present(lab, a)
+        case.unpresent = lambda lab, a: (
+            a[:, sort] if lab in ("dh", "dc") else base_unpresent(lab, a)
+        )
+    if layers > 1 and not no_dropout:
+        case.upper_layers_unknown = (
+            "a Module entry records neither the LSTM's dropout nor its training mode: with "
+            "dropout the layers above the first differ; give --no-dropout if the model ran "
+            "with dropout 0 or in eval mode, or dump at level L1 or mix, whose VF.lstm entry "
+            "records both")  # fmt: skip
+    y_data = y.get("data") if isinstance(y, dict) else y
+    case.forward = _device_list(name, "output", [y_data, *states], ["y", "h_n", "c_n"],
+                                case.notes)  # fmt: skip
+    fwd_in: list[Any] = [inp, hx]
+    labels: dict[int, str] = {id(x_ref): "dx"}
+    if isinstance(hx, list):
+        labels.update({id(hx[0]): "dh0", id(hx[1]): "dc0"})
+    fwd_out: list[Any] = [y, states]
+    grads_of = {id(y_data): "dy", id(states[0]): "dh", id(states[1]): "dc"}
+    if back is not None:
+        _backward(case, back, back_name, folder, fwd_in, fwd_out, labels, grads_of)
+    if isinstance(grads, dict):
+        g = _decode(grads, grads_name, folder)
+        for pname in order:
+            if isinstance(g.get(pname), TensorRef):
+                case.backward.append(_device(g[pname], pname))
+        if case.grads_in is None and back is None:
+            case.notes.append(f"{grads_name}: no backward entry gives the gradients that "
+                              "flowed in: parameter gradients not judged")  # fmt: skip
+    return case
+
+
+def _module_config(name: str, params: Any) -> tuple[int, bool, bool, list[str]]:
+    """(num_layers, bidirectional, has_bias, names in _flat_weights order) from the parameter
+    names a Module entry records."""
+    if not isinstance(params, dict) or not params:
+        raise Unreadable(f"{name}: no parameters recorded (msProbe records a module's "
+                         "parameters by name; a golden needs them)")  # fmt: skip
+    seen = {}
+    for p in params:
+        m = PARAM_NAME.match(p)
+        if not m:
+            raise Skip(f"{name}.parameters.{p}: not a torch.nn.LSTM parameter name")
+        if m.group(2) == "hr":
+            raise Skip("proj_size > 0 (weight_hr_l* recorded): LSTMs with projections are "
+                       "outside the operator")  # fmt: skip
+        seen[p] = m
+    layers = 1 + max(int(m.group(3)) for m in seen.values())
+    bidir = any(m.group(4) for m in seen.values())
+    has_bias = any(m.group(1) == "bias" for m in seen.values())
+    order = expected_params(layers, bidir, has_bias)
+    missing = [p for p in order if p not in params]
+    if missing:
+        raise Unreadable(f"{name}.parameters: missing {', '.join(missing)}")
+    return layers, bidir, has_bias, order
+
+
+def _module_batch_first(name: str, x: TensorRef, hx: Any, states: list[Any]) -> bool:
+    """A module call's batch_first, told from the shapes (dump.json does not record it)."""
+    if len(x.shape) != 3:
+        raise Unreadable(f"{x.key}: expected a 3-D input, got shape {list(x.shape)} (an "
+                         "unbatched 2-D input is not supported)")  # fmt: skip
+    ref = next((s for s in [*(hx or []), *states] if isinstance(s, TensorRef)), None)
+    if ref is None or len(ref.shape) != 3:
+        raise Unreadable(f"{name}: no h0, h_n or c_n to tell the batch size from")
+    b = ref.shape[1]
+    if x.shape[0] == x.shape[1]:
+        raise Skip(f"batch_first is not recorded for a module call and cannot be told from "
+                   f"the input's shape {list(x.shape)} (T == B); the call's VF.lstm entry "
+                   "(dump level L1 or mix) records it")  # fmt: skip
+    if b == x.shape[1]:
+        return False
+    if b == x.shape[0]:
+        return True
+    raise Unreadable(f"{x.key}: shape {list(x.shape)} has no batch axis of size {b} (the "
+                     "states' batch)")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- kernel-level .npy
+
+
+def _kernel_files(folder: Path) -> dict[str, dict[str, dict[int, Path]]]:
+    """{call prefix: {"input": {i: path}, "output": {i: path}}} of msprobe parse's files."""
+    calls: dict[str, dict[str, dict[int, Path]]] = {}
+    for f in sorted(folder.glob("*.npy")):
+        m = re.match(r"^(.*)\.(input|output)\.(\d+)\.npy$", f.name)
+        if m:
+            calls.setdefault(m.group(1), {"input": {}, "output": {}})[m.group(2)][
+                int(m.group(3))
+            ] = f
+    return calls
+
+
+def _ordered(files: dict[int, Path], prefix: str, kind: str) -> list[tuple[str, np.ndarray]]:
+    n = len(files)
+    if sorted(files) != list(range(n)):
+        gaps = sorted(set(range(max(files, default=-1) + 1)) - set(files))
+        raise Unreadable(f"{prefix}: {kind} files are not numbered 0..{n - 1} (missing "
+                         f"{', '.join(f'{kind}.{g}' for g in gaps)})")  # fmt: skip
+    return [(files[i].name, _read_npy(files[i])) for i in range(n)]
+
+
+@dataclass
+class KernelConfig:
+    """What a kernel-level dump does not record: the flags of the call (None: inferred from
+    the shapes where they tell)."""
+
+    num_layers: int | None = None
+    bidirectional: bool | None = None
+    has_bias: bool | None = None
+    batch_first: bool = False
+
+
+def _groups(weights: list[tuple[str, np.ndarray]], input_size: int, k_count: int | None,
+            cfg: KernelConfig, prefix: str) -> tuple[int, bool, bool, int]:  # fmt: skip
+    """(num_layers, bidirectional, has_bias, number of weight files) of a flat weight list."""
+    if len(weights) < 2 or weights[0][1].ndim != 2:
+        raise Unreadable(f"{prefix}: expected weight_ih [4H, I] after the input, got "
+                         f"{[list(a.shape) for _, a in weights[:2]]}")  # fmt: skip
+    has_bias = cfg.has_bias
+    if has_bias is None:
+        has_bias = len(weights) > 2 and weights[2][1].ndim == 1
+    per = 4 if has_bias else 2
+    options = []
+    for layers in range(1, 65):
+        for bidir in (False, True):
+            if cfg.num_layers not in (None, layers) or cfg.bidirectional not in (None, bidir):
+                continue
+            kk = layers * (2 if bidir else 1)
+            if k_count not in (None, kk) or kk * per > len(weights):
+                continue
+            dims = Dims(1, 1, input_size, weights[0][1].shape[0] // 4, layers, 2 if bidir else 1,
+                        has_bias)  # fmt: skip
+            if all(weights[p][1].shape == dims.param_shape(p) for p in range(kk * per)):
+                options.append((layers, bidir))
+    if not options:
+        raise Unreadable(f"{prefix}: the weight files' shapes fit no LSTM configuration "
+                         f"({[list(a.shape) for _, a in weights[:8]]}...); give --num-layers, "
+                         "--bidirectional, --no-bias")  # fmt: skip
+    if len(options) > 1:
+        raise Unreadable(f"{prefix}: the weight shapes fit {len(options)} configurations "
+                         f"({', '.join(f'L {lay} D {2 if b else 1}' for lay, b in options[:4])}): "
+                         "give --num-layers and --bidirectional")  # fmt: skip
+    layers, bidir = options[0]
+    return layers, bidir, has_bias, layers * (2 if bidir else 1) * per
+
+
+def _take_saved(files: list[tuple[str, np.ndarray]], k: int, prefix: str,
+                what: str) -> tuple[dict[str, list[np.ndarray]], int]:  # fmt: skip
+    """The seven saved lists i, g(j), f, o, h, c, tanhc: 7*k files [T, B, H], or 7 files
+    [k, T, B, H] (stacked)."""
+    if len(files) >= 7 * k and all(a.ndim == 3 for _, a in files[: 7 * k]):
+        return {n: [a for _, a in files[j * k : (j + 1) * k]] for j, n in enumerate(SAVED)}, 7 * k
+    if len(files) >= 7 and all(a.ndim == 4 and a.shape[0] == k for _, a in files[:7]):
+        return {n: list(files[j][1]) for j, n in enumerate(SAVED)}, 7
+    raise Unreadable(f"{prefix}: expected the saved {what} i, j, f, o, h, c, tanhc as {7 * k} "
+                     f"files [T, B, H] or 7 files [{k}, T, B, H], got "
+                     f"{[list(a.shape) for _, a in files[:8]]}")  # fmt: skip
+
+
+def kernel_cases(folder: str | Path, kind: str, cfg: KernelConfig) -> Iterator[Found]:
+    """The aclnnLstmBackward (``kind`` "backward") or aclnnLSTM ("forward") calls of a folder
+    of ``msprobe parse -t npy`` files.
+
+    Raises:
+        DumpReadError: the folder does not exist or holds no ``*.input.N.npy`` file.
+    """
+    p = Path(folder)
+    if not p.is_dir():
+        raise DumpReadError(f"{p}: no such folder")
+    calls = _kernel_files(p)
+    if not calls:
+        raise DumpReadError(f"{p}: no '<name>.input.<N>.npy' files (what msprobe parse -t npy "
+                            "writes for a kernel-level dump)")  # fmt: skip
+    for prefix, files in calls.items():
+        try:
+            ins = _ordered(files["input"], prefix, "input")
+            outs = _ordered(files["output"], prefix, "output")
+            build = _kernel_backward if kind == "backward" else _kernel_forward
+            yield Found(prefix, str(p), f"aclnn {kind}", build(prefix, str(p), ins, outs, cfg))
+        except Unavailable as exc:
+            yield Found(prefix, str(p), f"aclnn {kind}", unreadable=str(exc))
+        except Unreadable as exc:
+            yield Found(prefix, str(p), f"aclnn {kind}", unreadable=str(exc))
+
+
+def _dtype_of(a: np.ndarray, name: str) -> str:
+    if a.dtype.name not in ("float16", "float32", "float64"):
+        raise Unreadable(f"{name}: {a.dtype}; the operator takes float16, float32 or float64 "
+                         "(.npy has no bfloat16)")  # fmt: skip
+    return a.dtype.name
+
+
+def _kernel_backward(prefix: str, src: str, ins: list[tuple[str, np.ndarray]],
+                     outs: list[tuple[str, np.ndarray]], cfg: KernelConfig) -> Case:  # fmt: skip
+    if len(ins) < 5:
+        raise Unreadable(f"{prefix}: {len(ins)} input files; aclnnLstmBackward takes input, "
+                         "h0, c0, params, dy, dh, dc and the seven saved lists")  # fmt: skip
+    x, h0, c0 = ins[0][1], ins[1][1], ins[2][1]
+    if h0.ndim != 3:
+        raise Unreadable(f"{prefix}: {ins[1][0]} should be h0 [L*D, B, H], got {list(h0.shape)}")
+    layers, bidir, has_bias, n = _groups(ins[3:], x.shape[-1], h0.shape[0], cfg, prefix)
+    rest = ins[3 + n :]
+    bs = None
+    if rest and rest[-1][1].dtype.kind in "iu" and rest[-1][1].ndim == 1:
+        bs = rest.pop()[1].astype(np.int64)
+    if len(rest) < 3:
+        raise Unreadable(f"{prefix}: expected dy, dh, dc after the {n} weights, got "
+                         f"{len(rest)} files")  # fmt: skip
+    (_, dy), (_, dh), (_, dc) = rest[:3]
+    saved, used = _take_saved(rest[3:], h0.shape[0], prefix, "activations")
+    if len(rest) != 3 + used:
+        raise Unreadable(f"{prefix}: {len(rest) - 3 - used} input files left over after the "
+                         "saved activations")  # fmt: skip
+    d = 2 if bidir else 1
+    case = Case(
+        name=prefix, source=src, dtype=_dtype_of(x, ins[0][0]), x=x,
+        params=[a for _, a in ins[3:3 + n]], hx=[h0, c0], batch_sizes=bs, has_bias=has_bias,
+        num_layers=layers, bidirectional=bidir, batch_first=cfg.batch_first and bs is None,
+        grads_in={"dy": dy, "dh": dh, "dc": dc}, saved=saved,
+        keys={"input": ins[0][0], "hx": ins[1][0], "params": f"{prefix}.input.3..{2 + n}"},
+        kind="aclnn backward",
+    )  # fmt: skip
+    labels = ["dx", "dh0", "dc0", *[param_name(q, d, has_bias) for q in range(n)]]
+    if len(outs) != len(labels):
+        raise Unreadable(f"{prefix}: {len(outs)} output files; aclnnLstmBackward gives dx, "
+                         f"dh_prev, dc_prev and {n} parameter gradients ({len(labels)})")  # fmt: skip
+    case.backward = [Device(f"{prefix}.output.{i}", lab, a, None, None, a.shape)
+                     for i, (lab, (_, a)) in enumerate(zip(labels, outs, strict=True))]  # fmt: skip
+    return case
+
+
+def _kernel_forward(prefix: str, src: str, ins: list[tuple[str, np.ndarray]],
+                    outs: list[tuple[str, np.ndarray]], cfg: KernelConfig) -> Case:  # fmt: skip
+    if len(outs) < 3:
+        raise Unreadable(f"{prefix}: {len(outs)} output files; aclnnLSTM gives output, hy, cy "
+                         "and, in training, the seven saved lists")  # fmt: skip
+    x = ins[0][1]
+    k = outs[1][1].shape[0] if outs[1][1].ndim == 3 else None
+    layers, bidir, has_bias, n = _groups(ins[1:], x.shape[-1], k, cfg, prefix)
+    rest = ins[1 + n :]
+    bs = None
+    if rest and rest[-1][1].dtype.kind in "iu" and rest[-1][1].ndim == 1:
+        bs = rest.pop()[1].astype(np.int64)
+    if len(rest) not in (0, 2):
+        raise Unreadable(f"{prefix}: after the {n} weights expected h0, c0 (or nothing) and "
+                         f"batch sizes, got {[list(a.shape) for _, a in rest]}")  # fmt: skip
+    case = Case(
+        name=prefix, source=src, dtype=_dtype_of(x, ins[0][0]), x=x,
+        params=[a for _, a in ins[1:1 + n]], hx=[a for _, a in rest] or None, batch_sizes=bs,
+        has_bias=has_bias, num_layers=layers, bidirectional=bidir,
+        batch_first=cfg.batch_first and bs is None,
+        keys={"input": ins[0][0], "params": f"{prefix}.input.1..{n}"}, kind="aclnn forward",
+    )  # fmt: skip
+    kk = layers * (2 if bidir else 1)
+    labels = ["y", "h_n", "c_n"]
+    if len(outs) > 3:
+        saved, used = _take_saved(outs[3:], kk, prefix, "outputs")
+        if used == 7 * kk:
+            labels += [f"{s}.{j}" for s in SAVED for j in range(kk)]
+        else:
+            raise Unreadable(f"{prefix}: stacked saved outputs [{kk}, T, B, H] are not compared "
+                             "element-wise yet; write one file per (layer, direction)")  # fmt: skip
+        if len(outs) != 3 + used:
+            raise Unreadable(f"{prefix}: {len(outs) - 3 - used} output files left over")
+    case.forward = [Device(f"{prefix}.output.{i}", lab, a, None, None, a.shape)
+                    for i, (lab, (_, a)) in enumerate(zip(labels, outs, strict=True))]  # fmt: skip
+    return case
+
+
+# --------------------------------------------------------------------------- checking
+
+
+def _report(found: Found, rule: str, factor: float, top: int) -> CallReport:
+    rep = CallReport(found.name, found.source, found.kind)
+    if found.skipped is not None:
+        rep.skipped = found.skipped
+        return rep
+    if found.unreadable is not None or found.case is None:
+        rep.unreadable = found.unreadable or "no case"
+        return rep
+    try:
+        judged = judge(found.case, rule, factor, top)
+    except CaseError as exc:
+        rep.unreadable = f"its arguments break the operator's contract: {exc}"
+        rep.notes = list(found.case.notes)
+        return rep
+    judged.kind = found.kind
+    return judged
+
+
+def check_dump(
+    path: str | Path, *, rule: str = "msprobe", factor: float = BOUND_FACTOR, top: int = 3,
+    no_dropout: bool = False,
+) -> list[CallReport]:  # fmt: skip
+    """Judge every LSTM call of an msProbe dump (a dump.json, a rank or step folder, or the
+    dump root).
+
+    Returns:
+        One report per LSTM call found (and one, unreadable, per dump.json that could not be
+        read), in the order of the dump's steps, ranks and entries.
+
+    Raises:
+        DumpReadError: the path holds no dump.json at all.
+    """
+    files = dump_files(path)
+    base = Path(path) if Path(path).is_dir() else Path(path).parent
+    reports = []
+    for f in files:
+        label = str(f.relative_to(base)) if f.is_relative_to(base) else str(f)
+        try:
+            for found in lstm_calls(f, no_dropout=no_dropout, label=label):
+                reports.append(_report(found, rule, factor, top))
+        except DumpReadError as exc:
+            reports.append(CallReport("(dump.json)", label, "", unreadable=str(exc)))
+    return reports
+
+
+def check_kernel(
+    folder: str | Path, kind: str, cfg: KernelConfig, *, rule: str = "msprobe",
+    factor: float = BOUND_FACTOR, top: int = 3,
+) -> list[CallReport]:  # fmt: skip
+    """Judge every aclnnLstmBackward (``kind`` "backward") or aclnnLSTM ("forward") call of a
+    folder of ``msprobe parse -t npy`` files.
+
+    Raises:
+        DumpReadError: no such folder, or no kernel files in it.
+    """
+    return [_report(f, rule, factor, top) for f in kernel_cases(folder, kind, cfg)]
