@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,24 @@ from .errors import torch_missing
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``lstmgrad`` console script and of ``python -m lstmgrad``."""
+    """Entry point of the ``lstmgrad`` console script and of ``python -m lstmgrad``.
+
+    A reader that closes the pipe early (``lstmgrad tune --show | head``) ends the command
+    quietly with status 1, as the Python documentation's recipe for SIGPIPE does.
+    """
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe raises here, not at the interpreter's exit
+    except BrokenPipeError:
+        # stdout now points at devnull, so the interpreter's own flush at exit cannot fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="lstmgrad",
         description="The LSTM backward operator of CANN (aclnnLstmBackward) and its forward "
@@ -31,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--no-torch", action="store_true", help="skip the PyTorch autograd check")
     tune = sub.add_parser(
         "tune",
-        help="measure this machine's execution plans for given shapes, or show / forget "
-        "the stored measurements",
+        help="measure this machine's execution plans for given shapes (a few seconds a "
+        "shape), or show / forget the stored measurements",
     )
     tune.add_argument(
         "--shape",
@@ -45,11 +63,21 @@ def main(argv: list[str] | None = None) -> int:
         "--input",
         choices=("numpy", "tensors"),
         default="tensors",
-        help="the callers' data: NumPy arrays (NumPy's BLAS) or torch tensors (default)",
+        help="the callers' data for --shape: NumPy arrays (NumPy's BLAS) or torch tensors "
+        "(default; needs PyTorch)",
     )
     tune.add_argument("--dtype", choices=("float32", "float64", "float16"), default="float32")
-    tune.add_argument("--show", action="store_true", help="print what is stored (JSON)")
-    tune.add_argument("--reset", action="store_true", help="forget the stored measurements")
+    tune.add_argument(
+        "--show",
+        action="store_true",
+        help="print what is stored for this machine's configuration (JSON; the default "
+        "without --shape or --reset)",
+    )
+    tune.add_argument(
+        "--reset",
+        action="store_true",
+        help="delete every stored measurement (all thread counts and library versions)",
+    )
     _add_bench(sub)
     _add_check(sub)
     args = parser.parse_args(argv)
@@ -74,25 +102,26 @@ def _tune(args: argparse.Namespace) -> int:
     from . import plan, tune
 
     kind = "torch" if args.input == "tensors" else "numpy"
-    if kind == "torch":
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            print(f"{torch_missing('lstmgrad tune --input tensors')}; or use --input numpy",
-                  file=sys.stderr)  # fmt: skip
-            return 2
     try:
         shapes = [tune.parse_shape(s) for s in args.shape]
     except ValueError as exc:
         print(f"lstmgrad tune: --shape: {exc}", file=sys.stderr)
         return 2
+    if kind == "torch":
+        try:
+            import torch  # noqa: F401  (--show: the torch store's key names torch's version)
+        except ImportError:
+            if shapes:  # only measuring runs tensors; --show and --reset touch none
+                print(f"{torch_missing('lstmgrad tune --input tensors')}; or use --input numpy",
+                      file=sys.stderr)  # fmt: skip
+                return 2
     if args.reset:
-        for k in ("numpy", "torch") if kind == "torch" else ("numpy",):
-            store = plan.wisdom(k)
-            store.clear()
-            print(f"forgot {store.path}")
-        plan.forget()
-    for row in tune.tune_shapes(shapes, kind, args.dtype):
+        removed = plan.reset()
+        for path in removed:
+            print(f"forgot {path}")
+        if not removed:
+            print(f"nothing stored at {plan.cache_dir()}")
+    for row in tune.tune_shapes(shapes, kind, args.dtype) if shapes else ():
         s = row["shape"]
         print(f"T{s['T']} B{s['B']} I{s['I']} H{s['H']} L{s['L']} D{s['D']} ({args.input}, "
               f"{args.dtype}): {row['plan'].describe()} [{row['seconds']:.2f} s]")  # fmt: skip
@@ -108,9 +137,12 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
         help="time lstmgrad against torch.nn.LSTM on this machine (backward alone and forward + "
-        "backward, both in this process, interleaved); needs PyTorch",
+        "backward, both in this process, interleaved); needs PyTorch; about half a minute on "
+        "2 cores",
         description="Quick side-by-side benchmark of lstmgrad and torch.nn.LSTM on this "
-        f"machine. Shapes: {known}.",
+        f"machine. Shapes: {known}. At the defaults it takes about half a minute on 2 cores "
+        "(--quick: about 10 s); the first run on a machine adds up to half a minute of "
+        "compiling kernels and measuring the shapes' plans. A line per shape shows progress.",
     )
     group = p.add_mutually_exclusive_group()
     group.add_argument(
@@ -133,7 +165,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "--quick",
         action="store_true",
         help=f"{QUICK_ROUNDS} rounds of {','.join(QUICK_SHAPES)} unless shapes or rounds are "
-        "given (under a minute on 2 cores)",
+        "given (about 10 s on 2 cores)",
     )
 
 
@@ -173,6 +205,8 @@ def _bench(args: argparse.Namespace) -> int:
     def progress(doc: dict[str, Any]) -> None:
         if not doc["results"]:
             print("\n".join(_bench_header(doc)), flush=True)
+            print(f"timing {len(shapes)} shape(s), {args.rounds} rounds each; a shape new to "
+                  "this machine first compiles and measures for up to half a minute", flush=True)  # fmt: skip
             return
         r = doc["results"][-1]
         print(f"  [{len(doc['results'])}/{len(shapes)}] {r['shape']}: backward {r['bwd']['ratio']:.2f}x, forward + backward "
@@ -310,9 +344,10 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
         "--rule",
         choices=("msprobe", "bound", "both", "rtol"),
         default=None,
-        help="what decides the verdict: msProbe's benchmark standard and cosine (default for "
-        "msProbe and kernel dumps), lstmgrad's accumulation-length bound (default for "
-        "lstmgrad.dump files), both, or torch_npu's assertRtolEqual (lstmgrad.dump files only)",
+        help="what decides the verdict: lstmgrad's accumulation-length bound (default), "
+        "msProbe's benchmark standard with cosine (its ratios against lstmgrad's fused engine; "
+        "shown in the table whatever the rule), both, or torch_npu's assertRtolEqual "
+        "(lstmgrad.dump files only)",
     )
     p.add_argument("--factor", type=_positive, default=None,
                    help="c of the bound c * eps * sqrt(K) * (|ref| + rms(ref)) (default 4)")  # fmt: skip
@@ -345,7 +380,7 @@ def _check(args: argparse.Namespace) -> int:
         return 2
     from . import msprobe, report
 
-    rule = args.rule or "msprobe"
+    rule = args.rule or "bound"
     factor = args.factor or msprobe.BOUND_FACTOR
     try:
         if args.aclnn_backward or args.aclnn_forward:
@@ -380,7 +415,7 @@ def _check_lstmgrad_dump(args: argparse.Namespace) -> int:
     """A .npz / .pt file written by lstmgrad.dump: one aclnnLstmBackward call."""
     from . import check
 
-    if args.rule == "msprobe":
+    if args.rule == "msprobe":  # pragma: no cover - kept for the message
         print("lstmgrad check: --rule msprobe applies to msProbe and kernel dumps; a "
               "lstmgrad.dump file takes bound, rtol or both", file=sys.stderr)  # fmt: skip
         return 2

@@ -140,6 +140,14 @@ def benchmark_metrics(actual: np.ndarray, ref: np.ndarray, dtype: str) -> Benchm
     )  # fmt: skip
 
 
+def at_least(a: Benchmark, b: Benchmark) -> Benchmark:
+    """Each metric the larger of the two (EB: a's)."""
+    return Benchmark(
+        max(a.small_value_err_ratio, b.small_value_err_ratio), max(a.rmse, b.rmse),
+        max(a.max_rel_err, b.max_rel_err), max(a.mean_rel_err, b.mean_rel_err), a.eb,
+    )  # fmt: skip
+
+
 def ratio(device: float, bench: float) -> float:
     """device / bench as acc_check takes it: 1 when both are 0, RATIO_WHEN_BENCH_ZERO when only
     the reference platform's is."""

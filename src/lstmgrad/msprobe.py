@@ -871,7 +871,7 @@ def _report(found: Found, rule: str, factor: float, top: int) -> CallReport:
 
 
 def check_dump(
-    path: str | Path, *, rule: str = "msprobe", factor: float = BOUND_FACTOR, top: int = 3,
+    path: str | Path, *, rule: str = "bound", factor: float = BOUND_FACTOR, top: int = 3,
     no_dropout: bool = False,
 ) -> list[CallReport]:  # fmt: skip
     """Judge every LSTM call of an msProbe dump (a dump.json, a rank or step folder, or the
@@ -898,7 +898,7 @@ def check_dump(
 
 
 def check_kernel(
-    folder: str | Path, kind: str, cfg: KernelConfig, *, rule: str = "msprobe",
+    folder: str | Path, kind: str, cfg: KernelConfig, *, rule: str = "bound",
     factor: float = BOUND_FACTOR, top: int = 3,
 ) -> list[CallReport]:  # fmt: skip
     """Judge every aclnnLstmBackward (``kind`` "backward") or aclnnLSTM ("forward") call of a
