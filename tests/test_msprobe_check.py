@@ -397,3 +397,99 @@ class _no_raise:
 def test_cli_no_dump_here(tmp_path, capsys):
     assert main(["check", str(tmp_path)]) == 2
     assert "no dump.json" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- kernel-level route
+
+
+def _sig(v: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-v))
+
+
+def _formula_forward(x, params, h0, c0, L, D):
+    """The LSTM forward written from its formulas (float64, time-major), with the seven saved
+    lists per (layer, direction) k = layer * D + direction."""
+    T = x.shape[0]
+    per = len(params) // (L * D)
+    saved: dict[str, list[np.ndarray]] = {n: [] for n in "i g f o h c tanhc".split()}
+    inp = x
+    for layer in range(L):
+        outs = []
+        for d in range(D):
+            k = layer * D + d
+            w_ih, w_hh = params[k * per], params[k * per + 1]
+            b = params[k * per + 2] + params[k * per + 3] if per == 4 else 0.0
+            H = w_hh.shape[1]
+            h, c = h0[k], c0[k]
+            rec = {n: np.zeros((T, h.shape[0], H)) for n in saved}
+            for t in range(T) if d == 0 else range(T - 1, -1, -1):
+                gates = inp[t] @ w_ih.T + h @ w_hh.T + b
+                i, f = _sig(gates[:, :H]), _sig(gates[:, H : 2 * H])
+                g, o = np.tanh(gates[:, 2 * H : 3 * H]), _sig(gates[:, 3 * H :])
+                c = f * c + i * g
+                h = o * np.tanh(c)
+                for n, v in zip(rec, (i, g, f, o, h, c, np.tanh(c)), strict=True):
+                    rec[n][t] = v
+            for n in saved:
+                saved[n].append(rec[n])
+            outs.append(rec["h"])
+        inp = np.concatenate(outs, axis=-1)
+    return inp, saved
+
+
+def _kernel_dump(folder: pathlib.Path, kind: str, L=2, D=2, bias=True, perturb=None) -> None:
+    """aclnnLstmBackward / aclnnLSTM arguments as msprobe parse -t npy writes them (float32),
+    from the formulas (saved lists) and torch autograd in float64 (results)."""
+    lstm = _lstm(I=5, H=6, L=L, bidir=D == 2, bias=bias).double()
+    x = _x((4, 3, 5)).detach().double().requires_grad_()
+    h0, c0 = (_x((L * D, 3, 6), seed=s).detach().double().requires_grad_() for s in (2, 3))
+    params = list(lstm._flat_weights)
+    y, (hn, cn) = lstm(x, (h0, c0))
+    dy, dh, dc = (_x(t.shape, seed=9 + s).detach().double() for s, t in enumerate((y, hn, cn)))
+    grads = torch.autograd.grad((y, hn, cn), (x, h0, c0, *params), (dy, dh, dc))
+    as_np = [t.detach().numpy() for t in (x, h0, c0, *params)]
+    y_f, saved = _formula_forward(as_np[0], as_np[3:], as_np[1], as_np[2], L, D)
+    np.testing.assert_allclose(y_f, y.detach().numpy(), atol=1e-12)  # the two oracles agree
+    lists = [a for n in saved for a in saved[n]]
+    if kind == "backward":
+        ins = [*as_np, dy.numpy(), dh.numpy(), dc.numpy(), *lists]
+        outs = [g.numpy() for g in grads]
+    else:  # aclnnLSTM: input, params, hx
+        ins = [as_np[0], *as_np[3:], as_np[1], as_np[2]]
+        outs = [y.detach().numpy(), hn.detach().numpy(), cn.detach().numpy(), *lists]
+    if perturb is not None:
+        outs[perturb] = outs[perturb].copy()
+        outs[perturb].flat[int(np.abs(outs[perturb]).argmax())] *= 1.001
+    folder.mkdir()
+    op = "LstmGrad" if kind == "backward" else "LSTM"
+    for what, arrays in (("input", ins), ("output", outs)):
+        for i, a in enumerate(arrays):
+            np.save(folder / f"{op}.{op}_1.12.0.1700000000.{what}.{i}.npy", a.astype(np.float32))
+
+
+@pytest.mark.parametrize("kind", ["backward", "forward"])
+@pytest.mark.parametrize("L, D, bias", [(1, 1, True), (2, 2, True), (2, 1, False)])
+def test_kernel_level_files(tmp_path, kind: str, L: int, D: int, bias: bool) -> None:
+    _kernel_dump(tmp_path / "ok", kind, L, D, bias)
+    assert main(["check", str(tmp_path / "ok"), f"--aclnn-{kind}"]) == 0
+    n_out = 3 + L * D * (4 if bias else 2) if kind == "backward" else 3 + 7 * L * D
+    _kernel_dump(tmp_path / "bad", kind, L, D, bias, perturb=n_out - 1)
+    from lstmgrad.msprobe import KernelConfig, check_kernel
+
+    (rep,) = check_kernel(tmp_path / "bad", kind, KernelConfig())
+    assert rep.verdict == "failed"
+    assert [r.key for r in rep.rows if r.failed] == [f"{rep.name}.output.{n_out - 1}"]
+
+
+def test_kernel_level_ambiguous_configuration_asks_for_flags(tmp_path, capsys):
+    # I == H and L * D == 2: one layer both ways, or two layers one way
+    folder = tmp_path / "k"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    shapes = [(4, 3, 6)] + [(24, 6), (24, 6), (24,), (24,)] * 2 + [(2, 3, 6), (2, 3, 6)]
+    for i, s in enumerate(shapes):
+        np.save(folder / f"LSTM.x.input.{i}.npy", rng.standard_normal(s).astype(np.float32))
+    for i, s in enumerate([(4, 3, 6), (2, 3, 6), (2, 3, 6)]):
+        np.save(folder / f"LSTM.x.output.{i}.npy", rng.standard_normal(s).astype(np.float32))
+    assert main(["check", str(folder), "--aclnn-forward"]) == 2
+    assert "give --num-layers and --bidirectional" in capsys.readouterr().out
