@@ -493,3 +493,35 @@ def test_kernel_level_ambiguous_configuration_asks_for_flags(tmp_path, capsys):
         np.save(folder / f"LSTM.x.output.{i}.npy", rng.standard_normal(s).astype(np.float32))
     assert main(["check", str(folder), "--aclnn-forward"]) == 2
     assert "give --num-layers and --bidirectional" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- a real msProbe dump
+
+REAL = pathlib.Path(__file__).parent / "data" / "msprobe-26.2.0-cpu"
+
+
+def test_a_dump_written_by_msprobe_itself_is_read_and_passes():
+    reports = _calls(check_dump(REAL, no_dropout=True))
+    assert sorted(reports) == ["Module.lstm.LSTM.forward.0", "Module.packed.LSTM.forward.0"]
+    assert all(r.verdict == "passed" for r in reports.values()), summary(list(reports.values()))
+    params = {f"{k}_{w}_l{layer}{s}" for k in ("weight", "bias") for w in ("ih", "hh")
+              for layer in (0, 1) for s in ("", "_reverse")}  # fmt: skip
+    assert set(_judged(reports["Module.lstm.LSTM.forward.0"])) == {"y", "h_n", "c_n", "dx"} | params
+    packed = _judged(reports["Module.packed.LSTM.forward.0"])
+    assert set(packed) == {"y", "h_n", "c_n", "dx", "weight_ih_l0", "weight_hh_l0",
+                           "bias_ih_l0", "bias_hh_l0"}  # fmt: skip
+
+
+def test_a_real_dump_with_one_wrong_gradient_element_fails(tmp_path):
+    import shutil
+
+    shutil.copytree(REAL, tmp_path / "d")
+    (f,) = (tmp_path / "d").rglob("Module.packed.LSTM.parameters_grad.0.weight_hh_l0.pt")
+    t = torch.load(f, weights_only=True)
+    t[5, 2] += 1e-3 * t.abs().max()
+    torch.save(t, f)
+    reports = _calls(check_dump(tmp_path / "d", no_dropout=True))
+    rep = reports["Module.packed.LSTM.forward.0"]
+    assert [r.label for r in rep.rows if r.failed] == ["weight_hh_l0"]
+    assert next(r for r in rep.rows if r.failed).worst[0][2].startswith("[5, 2]")
+    assert reports["Module.lstm.LSTM.forward.0"].verdict == "passed"

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -294,7 +295,21 @@ def _bench_tables(doc: dict[str, Any]) -> str:
     return "\n".join(out[1:])
 
 
-CHECK_DOC = "https://github.com/lstmgrad/lstmgrad/blob/main/docs/check.md"
+CHECK_EPILOG = """\
+columns (each output against lstmgrad's float64 reference; msProbe's names):
+  Cosine, MaxAbsErr, MaxRelErr     as msProbe compare: cosine similarity, max |N - B|, max |N - B| / |B|
+  1/1000, 5/1000                   share of elements with relative error < 0.001 / < 0.005
+  RMSE x, MaxRE x, MeanRE x, small x
+                                   msProbe's benchmark standard: the device's RMSE, max and mean
+                                   relative error and small-value error ratio divided by those of
+                                   lstmgrad's fused engine in the dump's dtype (error above 2, 10, 2, 2;
+                                   warning above 1)
+  msProbe                          that standard's verdict with Cosine <= 0.99 and NaN/Inf as errors
+  bound off                        share of elements beyond c * eps * sqrt(K) * (|ref| + rms(ref)),
+                                   K the length of the sum behind the output (c = --factor)
+  verdict                          by --rule (default: the bound)
+The full guide is docs/check.md in lstmgrad's source tree.
+"""
 
 
 def _positive(text: str) -> float:
@@ -325,14 +340,18 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
         help="the CPU golden of an LSTM on a device: judge every LSTM call of an msProbe dump "
         "(or a kernel-level or lstmgrad.dump dump) against lstmgrad's float64 reference "
         "(exit 0 pass, 1 fail, 2 not checked)",
-        description="Recompute every LSTM call of a dump with lstmgrad's float64 reference and "
-        "its fused engine in the dump's dtype, and judge the device's outputs and gradients "
-        "in msProbe's terms (Cosine, MaxAbsErr, MaxRelativeErr, One/Five Thousandths Err Ratio "
-        "and the benchmark standard's ratios). PATH is an msProbe dump (dump.json, a rank or "
-        "step folder, or the dump root: every rank and step found is checked), a folder of "
-        "'msprobe parse -t npy' files with --aclnn-backward/--aclnn-forward, or a .npz/.pt "
-        "file written by lstmgrad.dump. Exit status: 0 every LSTM call found passes, 1 one "
-        "fails, 2 one could not be checked (or none was). The guide: " + CHECK_DOC,
+        description=textwrap.fill(
+            "Recompute every LSTM call of a dump with lstmgrad's float64 reference and its fused "
+            "engine in the dump's dtype, and judge the device's outputs and gradients in "
+            "msProbe's terms. PATH is an msProbe dump (dump.json, a rank or step folder, or the "
+            "dump root: every rank and step found is checked), a folder of 'msprobe parse -t "
+            "npy' files with --aclnn-backward/--aclnn-forward, or a .npz/.pt file written by "
+            "lstmgrad.dump. Exit status: 0 every LSTM call found passes, 1 one fails, 2 one "
+            "could not be checked (or none was).",
+            78,
+        ),
+        epilog=CHECK_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("path", metavar="PATH", help="the dump (see above)")
     kernel = p.add_mutually_exclusive_group()

@@ -266,7 +266,9 @@ def lstm_calls(dump_json: Path, *, no_dropout: bool = False, label: str = "") ->
                 assert mod is not None
                 path, n = mod.group(1), mod.group(2)
                 back = f"Module.{path}.LSTM.backward.{n}"
-                grads_name = f"Module.{path}.LSTM.parameters_grad"
+                grads_name = next((g for g in (f"Module.{path}.LSTM.parameters_grad.{n}",
+                                               f"Module.{path}.LSTM.parameters_grad") if g in data),
+                                  f"Module.{path}.LSTM.parameters_grad")  # fmt: skip
                 grads = data.get(grads_name) if module_calls.get(path) == 1 else None
                 case = _module_case(name, entry, data.get(back), back, grads, grads_name,
                                     folder, src, no_dropout)  # fmt: skip
@@ -484,6 +486,39 @@ def _pairs(fwd: Any, grad: Any, key: str) -> Iterator[tuple[Any, TensorRef]]:
         raise Skip(f"{key} is a tensor where the forward had {fwd!r}")
 
 
+def _leaves(v: Any) -> list[Any]:
+    """The floating-point tensors of a nested forward value, depth first (None for a missing
+    one): the ones a backward hook records gradients for."""
+    if isinstance(v, list):
+        return [leaf for e in v for leaf in _leaves(e)]
+    if isinstance(v, dict):
+        return [leaf for e in v.values() for leaf in _leaves(e)]
+    if isinstance(v, TensorRef):
+        return [v] if v.dtype in FLOAT_DTYPES else []
+    return [None] if v is None else []
+
+
+def _grad_pairs(fwd: Any, grad: Any, key: str) -> list[tuple[Any, TensorRef]]:
+    """Gradients matched to forward tensors: a structure mirroring the forward's, or a flat
+    list in the order of the forward's tensors (what a module's backward hook records)."""
+    try:
+        return list(_pairs(fwd, grad, key))
+    except Skip:
+        flat = isinstance(grad, list) and all(g is None or isinstance(g, TensorRef) for g in grad)
+        leaves = _leaves(fwd)
+        if not flat or len(grad) > len(leaves):
+            raise
+        pairs = []
+        for i, (f, g) in enumerate(zip(leaves, grad, strict=False)):
+            if g is None:
+                continue
+            if f is None or g.shape != f.shape:
+                raise Skip(f"{key}.{i} has shape {list(g.shape)}, where the forward's tensor "
+                           f"{i} is {_describe(f)}") from None  # fmt: skip
+            pairs.append((f, g))
+        return pairs
+
+
 def _backward(case: Case, back: Any, back_name: str, folder: Path, fwd_in: Any, fwd_out: Any,
               labels: dict[int, str], grads_of: dict[int, str]) -> None:  # fmt: skip
     """The device's gradients and the ones that flowed in, from a .backward entry."""
@@ -493,8 +528,8 @@ def _backward(case: Case, back: Any, back_name: str, folder: Path, fwd_in: Any, 
     g_in = _decode(back.get("input"), f"{back_name}.input", folder)
     g_out = _decode(back.get("output"), f"{back_name}.output", folder)
     try:
-        flowing = list(_pairs(fwd_out, g_in, f"{back_name}.input"))
-        produced = list(_pairs(fwd_in, g_out, f"{back_name}.output"))
+        flowing = _grad_pairs(fwd_out, g_in, f"{back_name}.input")
+        produced = _grad_pairs(fwd_in, g_out, f"{back_name}.output")
     except Skip as exc:
         case.notes.append(f"backward not judged: its layout is not the one expected ({exc}); "
                           "msProbe's backward entry of an LSTM is read as the gradients of the "
@@ -603,8 +638,14 @@ def _module_case(name: str, entry: dict[str, Any], back: Any, back_name: str, gr
     if isinstance(grads, dict):
         g = _decode(grads, grads_name, folder)
         for pname in order:
-            if isinstance(g.get(pname), TensorRef):
-                case.backward.append(_device(g[pname], pname))
+            v = g.get(pname)
+            if isinstance(v, list) and len(v) == 1:
+                v = v[0]  # msProbe writes each parameter's gradient as a one-tensor list
+            if isinstance(v, TensorRef):
+                case.backward.append(_device(v, pname))
+            elif pname in g:
+                case.notes.append(f"{grads_name}.{pname}: {_describe(v)} is not a gradient "
+                                  "tensor: not judged")  # fmt: skip
         if case.grads_in is None and back is None:
             case.notes.append(f"{grads_name}: no backward entry gives the gradients that "
                               "flowed in: parameter gradients not judged")  # fmt: skip
