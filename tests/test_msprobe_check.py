@@ -183,7 +183,7 @@ def test_one_perturbed_element_is_found_and_located(tmp_path, which: str, rule: 
     d = MsprobeDump(tmp_path, level=level)
     record_lstm(d, lstm, _x((5, 3, 5)), hx, perturb=_perturber((entry, key), hit))
     d.write()
-    reports = check_dump(tmp_path, rule=rule, no_dropout=True)
+    reports = check_dump(tmp_path, rule=rule)  # no --no-dropout: one element is no dropout
     assert exit_status(reports) == 1
     (rep,) = reports
     failed = [r for r in rep.rows if r.failed]
@@ -214,16 +214,31 @@ def test_training_with_dropout_judges_layer0_and_says_why(tmp_path):
     assert rep.verdict == "passed"
 
 
-def test_module_with_two_layers_needs_no_dropout_to_judge_upper_layers(tmp_path):
-    lstm = _lstm(L=2)
+def test_module_without_dropout_is_judged_whole(tmp_path):
+    d = MsprobeDump(tmp_path, level="L0")
+    record_lstm(d, _lstm(L=2), _x((5, 3, 5)))
+    d.write()
+    (rep,) = check_dump(tmp_path)
+    assert rep.verdict == "passed"
+    assert {"y", "h_n", "c_n", "dx", "weight_ih_l1"} <= set(_judged(rep))
+    assert all(r.status != "undecided" for r in rep.rows)
+
+
+def test_module_trained_with_dropout_is_undecided_above_layer0(tmp_path):
+    lstm = _lstm(L=2, dropout=0.5)
+    lstm.train()
     d = MsprobeDump(tmp_path, level="L0")
     record_lstm(d, lstm, _x((5, 3, 5)))
     d.write()
     (rep,) = check_dump(tmp_path)
-    assert {r.label for r in rep.rows if r.status == "unjudged"} >= {"y", "dx"}
-    assert any("--no-dropout" in n for n in rep.notes)
-    (rep,) = check_dump(tmp_path, no_dropout=True)
-    assert {"y", "dx", "weight_ih_l1"} <= set(_judged(rep))
+    undecided = {r.label for r in rep.rows if r.status == "undecided"}
+    assert {"y", "h_n", "c_n", "dx", "weight_ih_l1"} <= undecided
+    layer0 = [r for r in rep.rows if r.key.endswith("(layer 0 rows)")]
+    assert {r.label for r in layer0} == {"h_n", "c_n"} and not any(r.failed for r in layer0)
+    assert rep.verdict == "undecided" and exit_status([rep]) == 2
+    assert "--no-dropout" in summary([rep]) and "--no-dropout" in " ".join(rep.notes)
+    (rep,) = check_dump(tmp_path, no_dropout=True)  # the user says there was none: a failure
+    assert rep.verdict == "failed"
 
 
 def test_module_batch_first_cannot_be_told_when_T_equals_B(tmp_path):
@@ -437,7 +452,8 @@ def _formula_forward(x, params, h0, c0, L, D):
     return inp, saved
 
 
-def _kernel_dump(folder: pathlib.Path, kind: str, L=2, D=2, bias=True, perturb=None) -> None:
+def _kernel_dump(folder: pathlib.Path, kind: str, L=2, D=2, bias=True, perturb=None,
+                 stacked=False) -> None:  # fmt: skip
     """aclnnLstmBackward / aclnnLSTM arguments as msprobe parse -t npy writes them (float32),
     from the formulas (saved lists) and torch autograd in float64 (results)."""
     lstm = _lstm(I=5, H=6, L=L, bidir=D == 2, bias=bias).double()
@@ -451,6 +467,8 @@ def _kernel_dump(folder: pathlib.Path, kind: str, L=2, D=2, bias=True, perturb=N
     y_f, saved = _formula_forward(as_np[0], as_np[3:], as_np[1], as_np[2], L, D)
     np.testing.assert_allclose(y_f, y.detach().numpy(), atol=1e-12)  # the two oracles agree
     lists = [a for n in saved for a in saved[n]]
+    if stacked:  # one [L*D, T, B, H] file per saved list
+        lists = [np.stack(saved[n]) for n in saved]
     if kind == "backward":
         ins = [*as_np, dy.numpy(), dh.numpy(), dc.numpy(), *lists]
         outs = [g.numpy() for g in grads]
@@ -479,6 +497,18 @@ def test_kernel_level_files(tmp_path, kind: str, L: int, D: int, bias: bool) -> 
     (rep,) = check_kernel(tmp_path / "bad", kind, KernelConfig())
     assert rep.verdict == "failed"
     assert [r.key for r in rep.rows if r.failed] == [f"{rep.name}.output.{n_out - 1}"]
+
+
+@pytest.mark.parametrize("kind", ["backward", "forward"])
+def test_kernel_level_stacked_saved_lists(tmp_path, kind: str) -> None:
+    _kernel_dump(tmp_path / "ok", kind, stacked=True)
+    assert main(["check", str(tmp_path / "ok"), f"--aclnn-{kind}"]) == 0
+    if kind == "forward":  # the last stacked list (tanhc) with one wrong element
+        _kernel_dump(tmp_path / "bad", kind, stacked=True, perturb=9)
+        from lstmgrad.msprobe import KernelConfig, check_kernel
+
+        (rep,) = check_kernel(tmp_path / "bad", kind, KernelConfig())
+        assert [r.label for r in rep.rows if r.failed] == ["tanhc.3"]
 
 
 def test_kernel_level_ambiguous_configuration_asks_for_flags(tmp_path, capsys):

@@ -414,8 +414,9 @@ def _check(args: argparse.Namespace) -> int:
     except msprobe.DumpReadError as exc:
         print(f"lstmgrad check: {exc}", file=sys.stderr)
         return 2
-    print("against  lstmgrad's float64 reference; 'x' columns: the device's metric / lstmgrad's "
-          "fused engine's (msProbe's benchmark standard)")  # fmt: skip
+    print("against  lstmgrad's float64 reference; 'x' columns: the device's metric divided by "
+          "lstmgrad's fused engine's (or the correctly rounded reference's, where larger): "
+          "msProbe's benchmark standard")  # fmt: skip
     print()
     print("\n".join(report.table(reports, rule)))
     if args.csv:
@@ -434,6 +435,14 @@ def _check_lstmgrad_dump(args: argparse.Namespace) -> int:
     """A .npz / .pt file written by lstmgrad.dump: one aclnnLstmBackward call."""
     from . import check
 
+    extra = [o for o, v in (("--csv", args.csv), ("--json", args.json),
+                            ("--no-dropout", args.no_dropout), ("--num-layers", args.num_layers),
+                            ("--bidirectional", args.bidirectional), ("--no-bias", args.no_bias),
+                            ("--batch-first", args.batch_first)) if v]  # fmt: skip
+    if extra:
+        print(f"lstmgrad check: {', '.join(extra)} apply to msProbe and kernel dumps, not to a "
+              "lstmgrad.dump file", file=sys.stderr)  # fmt: skip
+        return 2
     if args.rule == "msprobe":  # pragma: no cover - kept for the message
         print("lstmgrad check: --rule msprobe applies to msProbe and kernel dumps; a "
               "lstmgrad.dump file takes bound, rtol or both", file=sys.stderr)  # fmt: skip

@@ -72,6 +72,8 @@ class Case:
     grads_in: dict[str, np.ndarray | None] | None = None  # dy, dh, dc; None entries are zeros
     saved: dict[str, list[np.ndarray]] | None = None
     upper_layers_unknown: str | None = None  # why layers above the first cannot be judged
+    # a module call: dropout between layers unknown; a mismatch above layer 0 is not a verdict
+    dropout_unknown: bool = False
     keys: dict[str, str] = field(default_factory=dict)  # lstmgrad argument -> dump key
     notes: list[str] = field(default_factory=list)
     kind: str = ""  # api dense, api packed, module, aclnn backward, aclnn forward
@@ -90,7 +92,7 @@ class Row:
     label: str
     dtype: str
     shape: tuple[int, ...]
-    status: str  # pass, warning, error, unjudged, unreadable
+    status: str  # pass, warning, error, unjudged, undecided, unreadable
     note: str = ""
     columns: metrics.Columns | None = None
     device: metrics.Benchmark | None = None
@@ -132,6 +134,8 @@ class CallReport:
             return "failed"
         if self.unreadable is not None or any(r.status == "unreadable" for r in self.rows):
             return "unreadable"
+        if any(r.status == "undecided" for r in self.rows):
+            return "undecided"
         if not any(r.status in (metrics.PASS, metrics.WARNING) for r in self.rows):
             return "unjudged"
         return "passed"
@@ -387,7 +391,10 @@ def judge(case: Case, rule: str = "bound", factor: float = metrics.BOUND_FACTOR,
     t_axis = 1 if case.batch_first else 0
     steps = len(case.batch_sizes) if case.batch_sizes is not None else case.x.shape[t_axis]
     h = case.params[1].shape[-1] if len(case.params) > 1 else 0
-    dims = (f"T {steps} I {case.x.shape[-1]} H {h} L {case.num_layers} D {d}"
+    batch = case.hx[0].shape[1] if case.hx else (
+        case.x.shape[1 - t_axis] if case.batch_sizes is None else
+        case.x.shape[0] // max(len(case.batch_sizes), 1))  # fmt: skip
+    dims = (f"T {steps} B {batch} I {case.x.shape[-1]} H {h} L {case.num_layers} D {d}"
             f"{' batch_first' if case.batch_first else ''}"
             f"{' bias' if case.has_bias else ' no bias'}"
             f"{' variable lengths' if case.batch_sizes is not None else ''}")  # fmt: skip
@@ -413,7 +420,8 @@ def judge(case: Case, rule: str = "bound", factor: float = metrics.BOUND_FACTOR,
                 continue
             dev = _first_layer(case, dev)
             r, f = (_layer0(case, dev.label, v) if v is not None else None for v in (r, f))
-        rep.rows.append(_judge_one(case, dev, r, f, rule, factor, top))
+        rep.rows.extend(_tentative(case, _judge_one(case, dev, r, f, rule, factor, top), dev,
+                                   r, f, rule, factor, top))  # fmt: skip
     for dev in case.backward:
         if not want_bwd:
             why = ("not judged: see the call's note" if case.upper_layers_unknown else
@@ -422,10 +430,49 @@ def judge(case: Case, rule: str = "bound", factor: float = metrics.BOUND_FACTOR,
                                 "unjudged", note=why))  # fmt: skip
             continue
         r, f = ref.backward.get(dev.label), fused.backward.get(dev.label)
-        rep.rows.append(_judge_one(case, dev, r, f, rule, factor, top))
+        rep.rows.extend(_tentative(case, _judge_one(case, dev, r, f, rule, factor, top), dev,
+                                   r, f, rule, factor, top))  # fmt: skip
     if case.upper_layers_unknown and case.num_layers > 1:
         rep.notes.append(f"judged: layer 0's h_n and c_n only: {case.upper_layers_unknown}")
     return rep
+
+
+UNDECIDED_SHARE = 0.5  # dropout moves nearly every element above layer 0: a few cannot be it
+
+
+def _tentative(
+    case: Case, row: Row, dev: Device, ref: np.ndarray | None, fused: np.ndarray | None,
+    rule: str, factor: float, top: int,
+) -> list[Row]:  # fmt: skip
+    """A module call of several layers is judged as if without dropout. Where that fails in
+    most elements above layer 0 (what dropout between layers does: it rescales every input of
+    the upper layers), the row is "undecided" and layer 0's states are judged alone; a failure
+    in a few elements is a failure."""
+    if not (case.dropout_unknown and case.num_layers > 1 and row.failed):
+        return [row]
+    upper = (case.num_layers - 1) / case.num_layers if dev.label in ("h_n", "c_n") else 1.0
+    share = min(row.bound_off / upper, 1.0)
+    if dev.value is not None and share < UNDECIDED_SHARE:
+        n_upper = max(round(upper * int(np.prod(dev.value.shape))), 1)
+        row.note = (f"{round(share * n_upper)} of its {n_upper} elements above layer 0 differ; "
+                    "dropout between layers would move nearly all of them, so this is a "
+                    "failure")  # fmt: skip
+        return [row]
+    row.status = "undecided"
+    row.note = (f"differs from the recomputation without dropout in {share:.0%} of its "
+                "elements above layer 0, as dropout between layers in training would (a Module "
+                "entry does not record it): not a verdict; give --no-dropout if the model ran "
+                "with dropout 0 or in eval mode")  # fmt: skip
+    rows = [row]
+    if (
+        dev.label in ("h_n", "c_n")
+        and dev.value is not None
+        and ref is not None
+        and fused is not None
+    ):
+        rows.append(_judge_one(case, _first_layer(case, dev), _layer0(case, dev.label, ref),
+                               _layer0(case, dev.label, fused), rule, factor, top))  # fmt: skip
+    return rows
 
 
 def _first_layer(case: Case, dev: Device) -> Device:

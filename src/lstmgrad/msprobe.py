@@ -36,7 +36,7 @@ NPU_LSTM = re.compile(r"^NPU\.npu_lstm\w*\.(\d+)\.forward$")
 PARAM_NAME = re.compile(r"^(weight|bias)_(ih|hh|hr)_l(\d+)(_reverse)?$")
 NPU_LSTM_REASON = (
     "torch_npu's own LSTM op: its argument layout is not documented, so it is not recomputed "
-    "(models that call torch.nn.LSTM appear as VF.lstm and are checked)"
+    "(a torch.nn.LSTM in the model appears as a Module.*.LSTM entry and is checked)"
 )
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -75,6 +75,7 @@ class TensorRef:
     stats: dict[str, Any]
     data_name: str | None
     folder: Path
+    requires_grad: bool | None = None
 
     def load(self) -> np.ndarray:
         """The values on the CPU (bfloat16 widened to float32), checked against dump.json.
@@ -145,8 +146,9 @@ def _decode(node: Any, key: str, folder: Path) -> Any:
         if not isinstance(shape, list):
             raise Unreadable(f"{key}: tensor entry without a shape list")
         stats = {s: node.get(s) for s in ("Max", "Min", "Mean", "Norm")}
+        rg = node.get("requires_grad")
         return TensorRef(key, dtype, tuple(int(v) for v in shape), stats, node.get("data_name"),
-                         folder)  # fmt: skip
+                         folder, rg if isinstance(rg, bool) else None)  # fmt: skip
     if kind in ("bool", "int", "float", "str", "torch.dtype", "slice", "ellipsis"):
         return node.get("value")
     if kind is not None and "value" in node:
@@ -272,10 +274,11 @@ def lstm_calls(dump_json: Path, *, no_dropout: bool = False, label: str = "") ->
                 grads = data.get(grads_name) if module_calls.get(path) == 1 else None
                 case = _module_case(name, entry, data.get(back), back, grads, grads_name,
                                     folder, src, no_dropout)  # fmt: skip
-                if module_calls.get(path, 0) > 1 and grads_name in data:
-                    case.notes.append(f"{grads_name}: the module ran {module_calls[path]} times "
-                                      "and its parameter gradients sum them all: not judged per "
-                                      "call")  # fmt: skip
+                several = [g for g in data if g.startswith(f"Module.{path}.LSTM.parameters_grad")]
+                if module_calls.get(path, 0) > 1 and several:
+                    case.notes.append(f"{several[0]}: the module ran {module_calls[path]} times, "
+                                      "and its recorded parameter gradients accumulate over the "
+                                      "calls: not judged per call")  # fmt: skip
                 yield _found(name, src, case)
         except Skip as exc:
             yield Found(name, src, "module" if mod else "api", skipped=str(exc))
@@ -493,8 +496,8 @@ def _leaves(v: Any) -> list[Any]:
         return [leaf for e in v for leaf in _leaves(e)]
     if isinstance(v, dict):
         return [leaf for e in v.values() for leaf in _leaves(e)]
-    if isinstance(v, TensorRef):
-        return [v] if v.dtype in FLOAT_DTYPES else []
+    if isinstance(v, TensorRef):  # a hook records only tensors that require grad
+        return [v] if v.dtype in FLOAT_DTYPES and v.requires_grad is not False else []
     return [None] if v is None else []
 
 
@@ -619,11 +622,11 @@ def _module_case(name: str, entry: dict[str, Any], back: Any, back_name: str, gr
             a[:, sort] if lab in ("dh", "dc") else base_unpresent(lab, a)
         )
     if layers > 1 and not no_dropout:
-        case.upper_layers_unknown = (
-            "a Module entry records neither the LSTM's dropout nor its training mode: with "
-            "dropout the layers above the first differ; give --no-dropout if the model ran "
-            "with dropout 0 or in eval mode, or dump at level L1 or mix, whose VF.lstm entry "
-            "records both")  # fmt: skip
+        case.dropout_unknown = True
+        case.notes.append("a Module entry records neither the LSTM's dropout nor its training "
+                          "mode: judged as without dropout; an output that differs in most of its "
+                          "elements above layer 0, as dropout would make it, is left undecided "
+                          "(give --no-dropout to judge it as a failure)")  # fmt: skip
     y_data = y.get("data") if isinstance(y, dict) else y
     case.forward = _device_list(name, "output", [y_data, *states], ["y", "h_n", "c_n"],
                                 case.notes)  # fmt: skip
@@ -688,8 +691,8 @@ def _module_batch_first(name: str, x: TensorRef, hx: Any, states: list[Any]) -> 
     b = ref.shape[1]
     if x.shape[0] == x.shape[1]:
         raise Skip(f"batch_first is not recorded for a module call and cannot be told from "
-                   f"the input's shape {list(x.shape)} (T == B); the call's VF.lstm entry "
-                   "(dump level L1 or mix) records it")  # fmt: skip
+                   f"the input's shape {list(x.shape)} (T == B); a dump whose time and batch "
+                   "sizes differ can be checked")  # fmt: skip
     if b == x.shape[1]:
         return False
     if b == x.shape[0]:
@@ -875,18 +878,19 @@ def _kernel_forward(prefix: str, src: str, ins: list[tuple[str, np.ndarray]],
         keys={"input": ins[0][0], "params": f"{prefix}.input.1..{n}"}, kind="aclnn forward",
     )  # fmt: skip
     kk = layers * (2 if bidir else 1)
-    labels = ["y", "h_n", "c_n"]
+    devices = [Device(f"{prefix}.output.{i}", lab, outs[i][1], None, None, outs[i][1].shape)
+               for i, lab in enumerate(("y", "h_n", "c_n"))]  # fmt: skip
     if len(outs) > 3:
         saved, used = _take_saved(outs[3:], kk, prefix, "outputs")
-        if used == 7 * kk:
-            labels += [f"{s}.{j}" for s in SAVED for j in range(kk)]
-        else:
-            raise Unreadable(f"{prefix}: stacked saved outputs [{kk}, T, B, H] are not compared "
-                             "element-wise yet; write one file per (layer, direction)")  # fmt: skip
         if len(outs) != 3 + used:
             raise Unreadable(f"{prefix}: {len(outs) - 3 - used} output files left over")
-    case.forward = [Device(f"{prefix}.output.{i}", lab, a, None, None, a.shape)
-                    for i, (lab, (_, a)) in enumerate(zip(labels, outs, strict=True))]  # fmt: skip
+        for j, name in enumerate(SAVED):
+            for k, a in enumerate(saved[name]):
+                # one file per (layer, direction), or one stacked [L*D, T, B, H] file per list
+                key = (f"{prefix}.output.{3 + j * kk + k}" if used == 7 * kk else
+                       f"{prefix}.output.{3 + j}[{k}]")  # fmt: skip
+                devices.append(Device(key, f"{name}.{k}", a, None, None, a.shape))
+    case.forward = devices
     return case
 
 

@@ -430,12 +430,27 @@ def forget() -> None:
         _wisdoms.clear()
 
 
+def reset() -> list[Path]:
+    """Delete every store of measurements in :func:`cache_dir` (every fingerprint: other thread
+    counts and library versions too) and drop this process's plans; return the files deleted.
+    Needs neither torch nor the fingerprints, so it works wherever lstmgrad imports."""
+    removed = []
+    for path in sorted(cache_dir().glob("wisdom-*.json")):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue  # another process deleted it first
+        removed.append(path)
+    forget()
+    return removed
+
+
 def show() -> dict[str, Any]:
     """What is stored for this machine: per back end kind, its facts, file and entries."""
     out: dict[str, Any] = {"mode": mode(), "cache_dir": str(cache_dir()), "overrides": overrides()}
     import sys
 
-    kinds = ["numpy"] + (["torch"] if "torch" in sys.modules else [])
+    kinds = ["numpy"] + (["torch"] if sys.modules.get("torch") is not None else [])
     for kind in kinds:
         store = wisdom(kind)
         out[kind] = {

@@ -63,7 +63,7 @@ def table(reports: list[CallReport], rule: str) -> list[str]:
                   for row in rows]  # fmt: skip
         for r in rep.rows:
             if r.note:
-                lines.append(f"  {r.key}: {r.note}")
+                lines.append(f"  {r.key} ({r.label}): {r.note}")
             for s, got, ref, tol, ok in r.stats:
                 lines.append(f"    {s}: recorded {got:.6g}, recomputed {ref:.6g} (tolerance "
                              f"{tol:.2g}) {'ok' if ok else 'FAIL'}")  # fmt: skip
@@ -103,15 +103,21 @@ def summary(reports: list[CallReport]) -> str:
     if skipped:
         why = "; ".join(f"{n} {w}" for w, n in skipped.items())
         parts.append(f"{count['skipped']} skipped ({why})")
-    bad = [r for r in reports if r.verdict in ("unreadable", "unjudged")]
+    bad = [r for r in reports if r.verdict in ("unreadable", "unjudged", "undecided")]
     if bad:
         why = "; ".join(f"{n} {w}" for w, n in Counter(_short(r.unreadable or _unjudged(r))
                                                         for r in bad).items())  # fmt: skip
         parts.append(f"{len(bad)} could not be checked ({why})")
+    rows = [row for r in reports for row in r.rows]
+    judged = sum(row.status in (metrics.PASS, metrics.WARNING, metrics.ERROR) for row in rows)
+    if rows:
+        parts.append(f"outputs: {judged} of {len(rows)} judged")
     return ", ".join(parts)
 
 
 def _unjudged(rep: CallReport) -> str:
+    if any(r.status == "undecided" for r in rep.rows):
+        return "outputs above layer 0 differ and dropout is unknown: see --no-dropout"
     problems = [r.note for r in rep.rows if r.status == "unreadable"]
     return problems[0] if problems else "nothing in it could be judged"
 
@@ -119,6 +125,8 @@ def _unjudged(rep: CallReport) -> str:
 def _short(text: str | None) -> str:
     """A reason without the call's own names, so that equal reasons count together."""
     t = (text or "").split(" (")[0]
+    if len(t) > 80:
+        t = t[:80].rsplit(" ", 1)[0] + " ..."
     for marker in ("tensor file", "holds a tensor saved on an Ascend NPU", "statistics only",
                    "torch_npu's own LSTM op", "its forward entry", "not readable as JSON"):  # fmt: skip
         if marker in t:
@@ -128,7 +136,7 @@ def _short(text: str | None) -> str:
                     "torch_npu's own LSTM op": "NPU.npu_lstm: argument layout unknown",
                     "its forward entry": "backward without its forward",
                     "not readable as JSON": "dump.json unreadable"}[marker]  # fmt: skip
-    return t[:80]
+    return t
 
 
 def exit_status(reports: list[CallReport]) -> int:
@@ -137,7 +145,7 @@ def exit_status(reports: list[CallReport]) -> int:
     verdicts = [r.verdict for r in reports]
     if "failed" in verdicts:
         return 1
-    if "unreadable" in verdicts or "unjudged" in verdicts or "passed" not in verdicts:
+    if {"unreadable", "unjudged", "undecided"} & set(verdicts) or "passed" not in verdicts:
         return 2
     return 0
 
