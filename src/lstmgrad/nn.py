@@ -5,11 +5,20 @@ is a subclass: a state_dict loads both ways, ``isinstance(m, torch.nn.LSTM)`` ho
 same inputs and outputs: a Tensor (batched [T, B, I] / [B, T, I] with batch_first, or unbatched
 [T, I]) or a PackedSequence (sorted, or built with enforce_sorted=False), an optional (h_0, c_0);
 it returns ``(output, (h_n, c_n))`` exactly as torch.nn.LSTM does.
+
+:func:`convert` puts it in place of every torch.nn.LSTM of an existing model and :func:`revert`
+puts torch.nn.LSTM back, keeping the Parameters. Importing this module lets
+``torch.load(weights_only=True)`` unpickle the class. torch.jit.trace, torch.jit.script,
+torch.export and both ONNX exporters record torch's own LSTM in its place, so that what they
+produce runs without lstmgrad (docs/contract.md, "Adopt, save, deploy").
 """
 
 from __future__ import annotations
 
+import copy
 import functools
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 from .errors import torch_missing
@@ -23,7 +32,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from .torch_ops import lstm
 
-__all__ = ["LSTM"]
+__all__ = ["LSTM", "convert", "revert"]
 
 _DTYPES = (torch.float16, torch.float32, torch.float64, torch.bfloat16)
 
@@ -74,6 +83,21 @@ def _let_dynamo_trace_this_class() -> None:
 
 _dynamo_scoped = False
 
+# torch.export's flag; a torch without it exports lstmgrad's ops as before
+_is_exporting: Callable[[], bool] = getattr(torch.compiler, "is_exporting", lambda: False)
+
+
+def _recorded_for_elsewhere() -> bool:
+    """Whether torch.jit.trace (and so ``torch.onnx.export(..., dynamo=False)``) or torch.export
+    (and so ``torch.onnx.export``'s default) is recording the forward.
+
+    What they record runs where lstmgrad may be absent, and is read by back ends (ONNX,
+    AOTInductor, ExecuTorch, a TorchScript runtime) that know ``aten::lstm`` but not lstmgrad's
+    Python ops: such a recording takes torch's own LSTM. torch.compile is not one of them (it
+    keeps lstmgrad's ops: it runs in this process).
+    """
+    return torch.jit.is_tracing() or _is_exporting()
+
 
 class LSTM(torch.nn.LSTM):
     r"""``torch.nn.LSTM`` computed by lstmgrad (the fused CPU engine, through its custom ops).
@@ -106,6 +130,11 @@ class LSTM(torch.nn.LSTM):
     - Extra keywords ``recompute`` and ``max_saved_bytes``: training that keeps checkpoints
       instead of activations and recomputes them in the backward (see
       :func:`lstmgrad.torch_ops.lstm`).
+    - Recorded for another runtime, it is torch.nn.LSTM: torch.jit.trace, torch.export and both
+      ``torch.onnx.export`` exporters record torch's LSTM (``aten::lstm``, an ONNX LSTM node),
+      and torch.jit.script compiles a torch.nn.LSTM holding the same Parameters
+      (``__prepare_scriptable__``), which PyTorch also puts in the scripted model's place of
+      this module. The artifacts run without lstmgrad.
 
     Example:
         >>> import torch
@@ -129,6 +158,27 @@ class LSTM(torch.nn.LSTM):
         self.recompute = recompute
         self.max_saved_bytes = max_saved_bytes
         _let_dynamo_trace_this_class()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        # torch.load and copy.deepcopy build an instance without __init__
+        self.__dict__.setdefault("recompute", False)
+        self.__dict__.setdefault("max_saved_bytes", None)
+        _let_dynamo_trace_this_class()
+
+    def __prepare_scriptable__(self) -> torch.nn.Module:
+        """What torch.jit.script compiles in this module's place: a torch.nn.LSTM holding the
+        same Parameters, settings and hooks.
+
+        TorchScript cannot compile this forward (Python over custom ops), and a scripted model
+        must run without lstmgrad. PyTorch writes the returned module into the parent module
+        being scripted, so after ``torch.jit.script(model)`` the eager ``model`` holds that
+        torch.nn.LSTM (same Parameters); :func:`convert` puts lstmgrad back. A subclass with its
+        own forward is returned unchanged (its forward is what it asks to be scripted).
+        """
+        if type(self).forward is not LSTM.forward:
+            return self
+        return _rebuilt(self, torch.nn.LSTM)
 
     def _runs_here(self, input: Tensor) -> bool:
         return self.proj_size == 0 and input.device.type == "cpu" and input.dtype in _DTYPES
@@ -169,7 +219,7 @@ class LSTM(torch.nn.LSTM):
 
     def forward(self, input: Any, hx: Any = None) -> Any:  # noqa: D102 (torch.nn.LSTM's)
         data = input.data if isinstance(input, PackedSequence) else input
-        if not self._runs_here(data):
+        if not self._runs_here(data) or _recorded_for_elsewhere():
             return super().forward(input, hx)
         self._update_flat_weights()
         k = self.num_layers * (2 if self.bidirectional else 1)
@@ -232,3 +282,142 @@ def _autocast(
         return t.to(dtype) if t.dtype == torch.float32 else t
 
     return to(input), (to(hx[0]), to(hx[1])), [to(w) for w in weights]
+
+
+# torch.load's default (weights_only=True) unpickles only the classes it is told of: a whole
+# model holding this class loads in any process that has imported lstmgrad.nn
+torch.serialization.add_safe_globals([LSTM])
+
+
+def convert(module: torch.nn.Module) -> torch.nn.Module:
+    """Put :class:`LSTM` in place of every ``torch.nn.LSTM`` in ``module``.
+
+    In the convention of ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``: containers are
+    changed in place and ``module`` is returned, or, if ``module`` itself is a torch.nn.LSTM, its
+    replacement. Each replacement holds the same Parameter objects (an optimizer built before
+    keeps its parameters and state; a DistributedDataParallel wrapper keeps reducing them), has
+    the same state_dict keys and training mode, and shares the hooks (a hook's handle from
+    before still removes it). A module found at several paths is converted once.
+
+    Left as they are, and named in one ``UserWarning``: subclasses of torch.nn.LSTM (a
+    conversion would drop their own forward or methods; derive them from :class:`LSTM` instead)
+    and LSTMs with ``proj_size > 0`` (:class:`LSTM` runs torch's forward for those anyway).
+
+    Args:
+        module: any torch.nn.Module (a model, a container, a DistributedDataParallel wrapper, or
+            a torch.nn.LSTM).
+
+    Returns:
+        ``module`` with its torch.nn.LSTMs replaced, or the replacement if ``module`` is one.
+
+    Raises:
+        TypeError: ``module`` is not a torch.nn.Module.
+
+    Example:
+        >>> import torch
+        >>> import lstmgrad.nn
+        >>> model = torch.nn.ModuleDict({"rnn": torch.nn.LSTM(4, 6), "head": torch.nn.Linear(6, 2)})
+        >>> weight = model.rnn.weight_ih_l0
+        >>> model = lstmgrad.nn.convert(model)
+        >>> type(model.rnn).__module__, model.rnn.weight_ih_l0 is weight
+        ('lstmgrad.nn', True)
+        >>> type(lstmgrad.nn.revert(model).rnn).__module__
+        'torch.nn.modules.rnn'
+    """
+    return _swap("lstmgrad.nn.convert", module, torch.nn.LSTM, LSTM)
+
+
+def revert(module: torch.nn.Module) -> torch.nn.Module:
+    """Put ``torch.nn.LSTM`` in place of every :class:`LSTM` in ``module``: :func:`convert`'s
+    inverse, with the same conventions (same Parameters, state_dict keys, training mode and
+    hooks; ``recompute`` and ``max_saved_bytes`` are dropped).
+
+    Before ``torch.save(model)`` it gives a pickle that a process without lstmgrad loads. Left as
+    they are, and named in one ``UserWarning``: subclasses of :class:`LSTM`.
+
+    Args:
+        module: any torch.nn.Module, or an :class:`LSTM`.
+
+    Returns:
+        ``module`` with its :class:`LSTM` s replaced, or the replacement if ``module`` is one.
+
+    Raises:
+        TypeError: ``module`` is not a torch.nn.Module.
+
+    Example:
+        >>> import torch
+        >>> import lstmgrad.nn
+        >>> ours = lstmgrad.nn.LSTM(4, 6)
+        >>> back = lstmgrad.nn.revert(ours)
+        >>> type(back) is torch.nn.LSTM, back.weight_hh_l0 is ours.weight_hh_l0
+        (True, True)
+    """
+    return _swap("lstmgrad.nn.revert", module, LSTM, torch.nn.LSTM)
+
+
+# a module's structure: copied, so that the replaced module and its replacement can change apart;
+# the rest of its __dict__ (settings, hook dicts, a user's attributes) is shared, so that a hook's
+# RemovableHandle, which refers to its dict, still removes it from the replacement
+_STRUCTURE = ("_parameters", "_buffers", "_non_persistent_buffers_set", "_modules",
+              "_flat_weights", "_flat_weights_names", "_flat_weight_refs")  # fmt: skip
+_LSTMGRAD_ONLY = {"recompute": False, "max_saved_bytes": None}  # LSTM's extra settings
+
+
+def _rebuilt(module: torch.nn.LSTM, cls: type[torch.nn.LSTM]) -> torch.nn.LSTM:
+    """An instance of ``cls`` (torch.nn.LSTM or :class:`LSTM`) with ``module``'s Parameters,
+    settings and hooks, built without ``__init__`` (which would draw new weights)."""
+    state = {k: copy.copy(v) if k in _STRUCTURE else v for k, v in module.__dict__.items()}
+    state["_all_weights"] = [list(names) for names in module._all_weights]
+    for key, default in _LSTMGRAD_ONLY.items():
+        if cls is LSTM:
+            state.setdefault(key, default)
+        else:
+            state.pop(key, None)
+    new = cls.__new__(cls)
+    new.__dict__.update(state)
+    if cls is LSTM:
+        _let_dynamo_trace_this_class()
+    return new
+
+
+def _swap(
+    fn: str, module: torch.nn.Module, source: type[torch.nn.LSTM], target: type[torch.nn.LSTM]
+) -> torch.nn.Module:
+    """Replace every module of type exactly ``source`` in ``module`` by a ``target``; warn once,
+    naming their paths, about the LSTMs left as they are."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"{fn}: module must be a torch.nn.Module, got {type(module).__qualname__}")
+    done: dict[int, torch.nn.Module] = {}  # id -> replacement: a shared module stays shared
+    left: list[str] = []
+
+    def visit(m: torch.nn.Module, path: str) -> torch.nn.Module:
+        if id(m) in done:
+            return done[id(m)]
+        where = repr(path) if path else "the module itself"
+        new = m
+        if type(m) is source and target is LSTM and m.proj_size > 0:
+            left.append(f"{where} (proj_size={m.proj_size}: lstmgrad.nn.LSTM runs torch's forward)")
+        elif type(m) is source:
+            new = _rebuilt(m, target)  # type: ignore[arg-type]  # an LSTM: checked just above
+        elif isinstance(m, source) and not (target is LSTM and isinstance(m, LSTM)):
+            own = " with its own forward" if type(m).forward is not source.forward else ""
+            left.append(f"{where} ({type(m).__qualname__}, a subclass of {_name(source)}{own})")
+        done[id(m)] = new
+        for name, child in list(new._modules.items()):
+            if child is not None:
+                new._modules[name] = visit(child, f"{path}.{name}" if path else name)
+        return new
+
+    result = visit(module, "")
+    if left:
+        warnings.warn(
+            f"{fn}: left as they are: {', '.join(left)}; a subclass keeps its class (derive it "
+            f"from {_name(target)} to change what runs)",
+            UserWarning,
+            stacklevel=3,
+        )
+    return result
+
+
+def _name(cls: type) -> str:
+    return "lstmgrad.nn.LSTM" if cls is LSTM else "torch.nn.LSTM"
