@@ -555,3 +555,42 @@ def test_a_real_dump_with_one_wrong_gradient_element_fails(tmp_path):
     assert [r.label for r in rep.rows if r.failed] == ["weight_hh_l0"]
     assert next(r for r in rep.rows if r.failed).worst[0][2].startswith("[5, 2]")
     assert reports["Module.lstm.LSTM.forward.0"].verdict == "passed"
+
+
+# --------------------------------------------------------------------------- lstmgrad.dump files
+
+
+def _npz_dump(path: pathlib.Path) -> pathlib.Path:
+    import lstmgrad
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    params = [0.3 * rng.standard_normal(s).astype(np.float32)
+              for s in [(20, 4), (20, 5), (20,), (20,)]]  # fmt: skip
+    fwd = lstmgrad.lstm_forward(x, params)
+    dy = rng.standard_normal(fwd.output.shape).astype(np.float32)
+    hx = [np.zeros((1, 2, 5), np.float32)] * 2
+    grads = lstmgrad.lstm_backward(x, hx, params, dy, None, None, *fwd.saved[:7])
+    return lstmgrad.dump(path, x, hx, params, dy, None, None, *fwd.saved[:7], outputs=grads)
+
+
+def test_lstmgrad_dump_file_messages(tmp_path, capsys):
+    text = tmp_path / "notes.npz"
+    text.write_text("not an archive\n")
+    assert main(["check", str(text)]) == 2
+    err = capsys.readouterr().err
+    assert "not a .npz archive" in err and "pickle" not in err
+    good = _npz_dump(tmp_path / "d.npz")
+    assert main(["check", str(good)]) == 0
+    keys = dict(np.load(good))
+    keys["dy"] = keys["dy"][:, :, :2]
+    with open(tmp_path / "bad.npz", "wb") as fh:
+        np.savez(fh, **keys)
+    assert main(["check", str(tmp_path / "bad.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "key 'dy'" in err and err.count("bad dump") == 1, err
+    for argv in (["--factor", "nan"], ["--top", "0"]):
+        with pytest.raises(SystemExit):
+            main(["check", str(good), *argv])
+    assert main(["check", str(good), "--csv", str(tmp_path / "x.csv")]) == 2
+    assert "apply to msProbe and kernel dumps" in capsys.readouterr().err
