@@ -397,6 +397,8 @@ def _check(args: argparse.Namespace) -> int:
         print("lstmgrad check: --rule rtol applies to lstmgrad.dump files only; msProbe and "
               "kernel dumps take msprobe, bound or both", file=sys.stderr)  # fmt: skip
         return 2
+    # a check measures no plans (seconds per new shape): stored ones or the safe plan
+    os.environ.setdefault("LSTMGRAD_TUNE", "cached")
     from . import msprobe, report
 
     rule = args.rule or "bound"
