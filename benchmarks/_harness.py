@@ -378,6 +378,21 @@ def chart(bars: list[tuple[str, str, dict]], path: Path, title: str, ylabel: str
     plt.close(fig)
 
 
+def run_main(main: Callable[[], int]) -> None:
+    """Exit with ``main()``'s status. A reader that closes the pipe early (``run.py | head``)
+    ends the run quietly with status 1: the Python documentation's recipe for SIGPIPE."""
+    try:
+        try:
+            code = main()
+        finally:
+            sys.stdout.flush()  # a closed pipe raises here, not at the interpreter's exit
+    except BrokenPipeError:
+        # stdout now points at devnull, so the interpreter's own flush at exit cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 1
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # probe child: python _harness.py probe numpy|torch [dtype ...]
     from lstmgrad.bench import probe
 

@@ -36,6 +36,7 @@ from _harness import (  # noqa: E402
     pair_stats,
     peak_gflops,
     rel_err,
+    run_main,
     say,
 )
 from shapes import SHAPES, Shape, select  # noqa: E402
@@ -367,4 +368,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -23,7 +23,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _harness import md_table, time_reps  # noqa: E402
+from _harness import md_table, run_main, time_reps  # noqa: E402
 from shapes import BY_ID  # noqa: E402
 
 Item = tuple[Callable[[Any], Any], Callable[[], Any] | None]  # timed(state), untimed() -> state
@@ -385,4 +385,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -8,6 +8,10 @@ a machine whose speed drifts over minutes then reaches both sides alike. Then it
 loss curves on one PNG, prints a markdown table of speed and final losses, reports how far
 apart the two loss curves are, and writes ``compare.json`` beside the two runs' own outputs.
 
+At the defaults (3 rounds of 300 steps each way: 6 runs of char_lm.py) it takes about 2-6
+minutes on 2 cores, longer on a busy machine; each run prints its own estimate and progress,
+and this script the runs done and the time left.
+
 Example:
     python examples/compare.py --steps 300 --threads 2
 """
@@ -19,6 +23,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -129,17 +134,27 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def note(text: str) -> None:
+    """A progress line on stderr (stdout carries the table)."""
+    print(f"compare.py: {text}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run both impls, then plot, print and save the comparison; return an exit code."""
     p = argparse.ArgumentParser(
         description="Train the char LM with both LSTMs (one process each) and compare them. "
-        "Unknown arguments (--steps, --hidden, --threads, ...) go to char_lm.py.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "Unknown arguments (--steps, --hidden, --threads, ...) go to char_lm.py. At the "
+        "defaults: 6 runs of 300 steps, about 2-6 minutes on 2 cores.",
     )
-    p.add_argument("--out", type=Path, default=HERE / "out", help="output directory")
+    p.add_argument(
+        "--out", type=Path, default=HERE / "out", help="output directory (default: examples/out)"
+    )
     p.add_argument("--png", type=Path, help="plot (default: OUT/char_lm.png)")
     p.add_argument(
-        "--rounds", type=int, default=3, help="runs of each impl, taking turns (1 or more)"
+        "--rounds",
+        type=int,
+        default=3,
+        help="runs of each impl, taking turns (1 or more; default: 3)",
     )
     args, extra = p.parse_known_args(argv)
     if args.rounds < 1:
@@ -148,11 +163,21 @@ def main(argv: list[str] | None = None) -> int:
     if "--impl" in extra or any(a.startswith("--impl=") for a in extra):
         p.error("--impl is chosen by compare.py (both are run); leave it out")
 
+    runs = len(IMPLS) * args.rounds
+    settings = " ".join(extra) or "char_lm.py's defaults"
+    note(f"{args.rounds} round(s) x {len(IMPLS)} LSTMs = {runs} runs of char_lm.py ({settings})")
     rounds: list[dict[str, dict[str, Any]]] = []
+    start = time.perf_counter()
     try:
         for n in range(args.rounds):
             order = IMPLS if n % 2 == 0 else IMPLS[::-1]
-            rounds.append({impl: run_impl(impl, args.out, extra) for impl in order})
+            rounds.append({})
+            for impl in order:
+                rounds[-1][impl] = run_impl(impl, args.out, extra)
+                done = n * len(IMPLS) + len(rounds[-1])
+                spent = time.perf_counter() - start
+                note(f"run {done}/{runs} done ({impl}, round {n + 1}): {spent:.0f} s so far, "
+                     f"about {spent / done * (runs - done):.0f} s left")  # fmt: skip
     except RuntimeError as exc:
         print(f"compare.py: {exc}", file=sys.stderr)
         return 1

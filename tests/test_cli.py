@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +105,65 @@ def test_bench_quick_picks_fewer_shapes_and_rounds(monkeypatch, argv, shapes, ro
     monkeypatch.setattr("lstmgrad.cli._bench_tables", lambda doc: "")
     assert main(["bench", *argv]) == 0
     assert seen == {"shapes": shapes, "rounds": rounds}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["bench", "--help"], ["tune", "--show", "--input", "numpy"]],
+    ids=["help", "bench-help", "tune-show"],
+)
+def test_a_closed_pipe_ends_the_command_quietly(argv, tmp_path):
+    # `lstmgrad ... | head`: the reader is gone before the command writes; its read end is
+    # closed before the child starts, so every write meets EPIPE
+    read, write = os.pipe()
+    os.close(read)
+    env = {**os.environ, "LSTMGRAD_CACHE_DIR": str(tmp_path)}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "lstmgrad", *argv],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env=env,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    # no traceback; argparse itself ignores a failed write of its help (status 0)
+    assert proc.stderr == "" and proc.returncode == (0 if "--help" in argv else 1), proc.stderr
+
+
+def test_tune_reset_says_what_it_deleted(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LSTMGRAD_CACHE_DIR", str(tmp_path))
+    assert main(["tune", "--reset", "--input", "numpy"]) == 0
+    assert capsys.readouterr().out == f"nothing stored at {tmp_path}\n"
+    (tmp_path / "wisdom-0123456789abcdef.json").write_text("{}")
+    assert main(["tune", "--reset", "--input", "numpy"]) == 0
+    assert capsys.readouterr().out == f"forgot {tmp_path / 'wisdom-0123456789abcdef.json'}\n"
+
+
+def test_bench_help_says_how_long_it_takes(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "about half a minute on 2 cores" in out and "--quick: about 10 s" in out
+
+
+def test_the_benchmark_scripts_end_quietly_on_a_closed_pipe(tmp_path):
+    # `python benchmarks/run.py | head`: the scripts' entry point, on a reader already gone
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    code = (
+        f"import sys; sys.path.insert(0, {str(bench)!r}); from _harness import run_main\n"
+        "run_main(lambda: print('x\\n' * 100000) or 0)"
+    )
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code], stdout=write, stderr=subprocess.PIPE, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr

@@ -104,3 +104,10 @@ def test_compare_rejects_bad_arguments(tmp_path: Path, args: list[str], message:
         check=False,
     )
     assert proc.returncode == 2 and message in proc.stderr
+
+
+@pytest.mark.parametrize("script", ["char_lm.py", "compare.py"])
+def test_help_states_each_default_once(script: str) -> None:
+    out = " ".join(run(script, "--help").stdout.split())
+    assert "(default: None)" not in out and ") (default:" not in out, out
+    assert "(default: examples/out)" in out and "minute" in out  # and how long a run takes

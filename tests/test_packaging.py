@@ -4,6 +4,9 @@ message when a PyTorch feature is used without PyTorch."""
 from __future__ import annotations
 
 import email.parser
+import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,13 +23,14 @@ ROOT = Path(__file__).resolve().parent.parent
 NO_TORCH = "import sys; sys.modules['torch'] = None\n"
 
 
-def run_without_torch(code: str) -> subprocess.CompletedProcess[str]:
+def run_without_torch(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", NO_TORCH + code],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
+        env={**os.environ, **env},
     )
 
 
@@ -37,7 +41,7 @@ def run_without_torch(code: str) -> subprocess.CompletedProcess[str]:
         ("import lstmgrad.torch_ops", "lstmgrad.torch_ops"),
         ("from lstmgrad.cli import main; sys.exit(main(['bench']))", "lstmgrad bench"),
         (
-            "from lstmgrad.cli import main; sys.exit(main(['tune', '--input', 'tensors']))",
+            "from lstmgrad.cli import main; sys.exit(main(['tune', '--shape', '5,2,3,4']))",
             "lstmgrad tune --input tensors",
         ),
     ],  # fmt: skip
@@ -46,7 +50,29 @@ def test_a_torch_feature_without_torch_names_the_install_command(code, feature):
     proc = run_without_torch(code)
     assert proc.returncode != 0
     assert f"{feature} needs PyTorch" in proc.stderr and TORCH_INSTALL in proc.stderr, proc.stderr
-    assert TORCH_INSTALL == 'pip install "lstmgrad[torch]"'
+    # right for an install from an index and for a clone of the repository
+    assert 'pip install "lstmgrad[torch]"' in TORCH_INSTALL
+    assert 'pip install -e ".[torch]"' in TORCH_INSTALL
+
+
+def test_tune_show_and_reset_work_without_torch(tmp_path):
+    """They touch no tensors: --show prints NumPy's store, --reset deletes whatever is stored
+    (also a torch store written when PyTorch was installed) and says so truthfully."""
+    main = "from lstmgrad.cli import main; sys.exit(main({}))"
+    cache = {"LSTMGRAD_CACHE_DIR": str(tmp_path), "LSTMGRAD_TUNE": "on"}
+    for argv in (["tune", "--show"], ["tune"]):
+        proc = run_without_torch(main.format(argv), **cache)
+        assert proc.returncode == 0, proc.stderr
+        shown = json.loads(proc.stdout)
+        assert "numpy" in shown and "torch" not in shown
+    proc = run_without_torch(main.format(["tune", "--reset"]), **cache)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"nothing stored at {tmp_path}"
+    for name in ("wisdom-0123456789abcdef.json", "wisdom-fedcba9876543210.json"):
+        (tmp_path / name).write_text("{}")
+    proc = run_without_torch(main.format(["tune", "--reset"]), **cache)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("forgot ") == 2 and not list(tmp_path.glob("wisdom-*.json"))
 
 
 def test_the_core_runs_without_torch():
@@ -96,3 +122,9 @@ def test_the_wheel_holds_the_package_the_license_and_the_version(tmp_path):
     assert "Typing :: Typed" in meta.get_all("Classifier")
     assert meta["Provides-Extra"] is not None and "torch" in meta.get_all("Provides-Extra")
     assert "lstmgrad = lstmgrad.cli:main" in entry_points
+    # project URLs: real https addresses, no placeholder left to fill in
+    urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL") or [])
+    assert {"Upstream aclnnLstmBackward", "Upstream aclnnLSTM"} <= set(urls), urls
+    for label, url in urls.items():
+        assert len(label) <= 32 and url.startswith("https://"), (label, url)
+        assert not re.search(r"example\.(com|org)|OWNER|USER|<|>|TODO", url), url

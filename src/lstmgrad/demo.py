@@ -172,7 +172,7 @@ def run_demo(seed: int = 0, use_torch: bool = True, out: TextIO | None = None) -
     ok = True
 
     def say(line: str = "") -> None:
-        print(line, file=out)
+        print(line, file=out, flush=True)  # lines as they come: a first run compiles for a while
 
     say("1. The documented sample, computed vs expected")
     say(f"   {'dtype':<8} {'output':<18} {'computed':>12} {'expected':>12}  check")

@@ -47,7 +47,10 @@ class LstmInternalError(LstmError, RuntimeError):
     code = ACLNN_ERR_INNER
 
 
-TORCH_INSTALL = 'pip install "lstmgrad[torch]"'
+# Both ways in: an install from a package index, and an editable install in a clone.
+TORCH_INSTALL = (
+    'pip install "lstmgrad[torch]" (in a clone of the repository: pip install -e ".[torch]")'
+)
 
 
 def torch_missing(feature: str) -> ModuleNotFoundError:
@@ -57,7 +60,8 @@ def torch_missing(feature: str) -> ModuleNotFoundError:
         feature: what needs PyTorch, e.g. ``"lstmgrad.nn"``.
 
     Returns:
-        A ModuleNotFoundError (an ImportError) for module ``torch`` naming the install command.
+        A ModuleNotFoundError (an ImportError) for module ``torch`` naming the install commands
+        (from a package index, and in a clone of the repository).
     """
     return ModuleNotFoundError(
         f"{feature} needs PyTorch, which is not installed: {TORCH_INSTALL}", name="torch"
