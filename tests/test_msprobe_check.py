@@ -594,3 +594,17 @@ def test_lstmgrad_dump_file_messages(tmp_path, capsys):
             main(["check", str(good), *argv])
     assert main(["check", str(good), "--csv", str(tmp_path / "x.csv")]) == 2
     assert "apply to msProbe and kernel dumps" in capsys.readouterr().err
+
+
+def test_check_measures_no_plans_and_leaves_the_environment_alone(perturbed_dump, monkeypatch):
+    import os
+
+    from lstmgrad import plan
+
+    monkeypatch.delenv("LSTMGRAD_TUNE", raising=False)
+    seen = []
+    real_mode = plan.mode
+    monkeypatch.setattr(plan, "mode", lambda: seen.append(real_mode()) or seen[-1])
+    assert main(["check", str(perturbed_dump)]) == 1
+    assert seen and set(seen) == {"cached"}
+    assert "LSTMGRAD_TUNE" not in os.environ

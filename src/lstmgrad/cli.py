@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -389,6 +391,32 @@ def _e(v: float) -> str:
     return f"{v:.2e}"
 
 
+@contextlib.contextmanager
+def _tune_unless_set(value: str) -> Iterator[None]:
+    """LSTMGRAD_TUNE set to ``value`` for the block unless the caller's environment sets it."""
+    if "LSTMGRAD_TUNE" in os.environ:
+        yield
+        return
+    os.environ["LSTMGRAD_TUNE"] = value
+    try:
+        yield
+    finally:
+        os.environ.pop("LSTMGRAD_TUNE", None)
+
+
+def _judge_dump(args: argparse.Namespace, path: Path, rule: str, factor: float) -> list[Any]:
+    """The reports of an msProbe dump or a folder of kernel-level files."""
+    from . import msprobe
+
+    if args.aclnn_backward or args.aclnn_forward:
+        cfg = msprobe.KernelConfig(args.num_layers, args.bidirectional,
+                                   False if args.no_bias else None, args.batch_first)  # fmt: skip
+        kind = "backward" if args.aclnn_backward else "forward"
+        return msprobe.check_kernel(path, kind, cfg, rule=rule, factor=factor, top=args.top)
+    return msprobe.check_dump(path, rule=rule, factor=factor, top=args.top,
+                              no_dropout=args.no_dropout)  # fmt: skip
+
+
 def _check(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if not (args.aclnn_backward or args.aclnn_forward) and path.suffix in (".npz", ".pt"):
@@ -397,22 +425,13 @@ def _check(args: argparse.Namespace) -> int:
         print("lstmgrad check: --rule rtol applies to lstmgrad.dump files only; msProbe and "
               "kernel dumps take msprobe, bound or both", file=sys.stderr)  # fmt: skip
         return 2
-    # a check measures no plans (seconds per new shape): stored ones or the safe plan
-    os.environ.setdefault("LSTMGRAD_TUNE", "cached")
     from . import msprobe, report
 
     rule = args.rule or "bound"
     factor = args.factor or msprobe.BOUND_FACTOR
     try:
-        if args.aclnn_backward or args.aclnn_forward:
-            cfg = msprobe.KernelConfig(args.num_layers, args.bidirectional,
-                                       False if args.no_bias else None, args.batch_first)  # fmt: skip
-            kind = "backward" if args.aclnn_backward else "forward"
-            reports = msprobe.check_kernel(path, kind, cfg, rule=rule, factor=factor,
-                                           top=args.top)  # fmt: skip
-        else:
-            reports = msprobe.check_dump(path, rule=rule, factor=factor, top=args.top,
-                                         no_dropout=args.no_dropout)  # fmt: skip
+        with _tune_unless_set("cached"):  # a check measures no plans: stored ones or the safe plan
+            reports = _judge_dump(args, path, rule, factor)
     except msprobe.DumpReadError as exc:
         print(f"lstmgrad check: {exc}", file=sys.stderr)
         return 2
