@@ -34,7 +34,7 @@ def _args(seed=0):
 
 
 def _need_of(exc: BaseException) -> int:
-    m = re.search(r"needs (\d+) bytes", str(exc))
+    m = re.search(r"needs (?:at least )?(\d+) bytes", str(exc))
     assert m, str(exc)
     return int(m.group(1))
 
@@ -57,6 +57,12 @@ def test_forward_fails_before_starting_and_names_the_need(monkeypatch):
     results = (T * B * 2 * H + 2 * 2 * L * B * H + 7 * 2 * L * T * B * H) * 8
     assert need >= results
     assert "only 1000 bytes are available" in str(exc.value)
+    assert "(its results alone)" in str(exc.value)  # checked before the plan is made
+    _probe(monkeypatch, need)  # the results fit, the scratch does not: the whole need
+    with pytest.raises(LstmMemoryError) as exc:
+        lstmgrad.lstm_forward(x, params, num_layers=L, bidirectional=True)
+    assert _need_of(exc.value) > need and "results alone" not in str(exc.value)
+    need = _need_of(exc.value)
     _probe(monkeypatch, need)  # exactly enough: runs, and matches the unchecked call
     got = lstmgrad.lstm_forward(x, params, num_layers=L, bidirectional=True)
     _probe(monkeypatch, None)  # unknown: no check
@@ -89,7 +95,7 @@ def test_mirror_returns_561103_with_the_need(monkeypatch):
     _probe(monkeypatch, 1)
     status = aclnn.aclnnLSTM(np.empty(size, np.uint8), size, ex, None)
     assert status == 561103
-    assert re.search(r"needs \d+ bytes", aclnn.aclGetRecentErrMsg())
+    assert re.search(r"needs (at least )?\d+ bytes", aclnn.aclGetRecentErrMsg())
 
 
 def test_recompute_mode_checks_its_own_arrays(monkeypatch):
@@ -163,3 +169,41 @@ def test_reading_kept_only_for_needs_well_within_it(monkeypatch):
     monkeypatch.setattr(api, "_last_reading", (-1e9, 1000))  # an old reading is not kept
     api.check_memory("f", 10)
     assert len(reads) == 4
+
+
+_IMPOSSIBLE = """
+import resource, sys, time
+import numpy as np
+import lstmgrad
+small = [np.zeros((16, 1), np.float32), np.zeros((16, 4), np.float32)]
+lstmgrad.lstm_forward(np.zeros((2, 2, 1), np.float32), small, has_bias=False)  # imports, warm-up
+T, B, H = 100_000, 64, 1024  # train saves 7 * T * B * H float32: hundreds of GB
+x = np.zeros((T, B, 1), np.float32)
+params = [np.zeros((4 * H, 1), np.float32), np.zeros((4 * H, H), np.float32)]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.perf_counter()
+try:
+    lstmgrad.lstm_forward(x, params, has_bias=False)
+except lstmgrad.LstmMemoryError:
+    pass
+else:
+    sys.exit("no LstmMemoryError")
+grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+print(time.perf_counter() - start, grown)
+"""
+
+
+def test_an_impossible_call_fails_before_any_plan_is_measured(tmp_path):
+    """With tuning on and nothing stored, the call's shape class would be measured first: the
+    memory check on the results comes before it (no seconds of measuring, no memory taken)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LSTMGRAD_TUNE": "on", "LSTMGRAD_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", _IMPOSSIBLE], env=env, capture_output=True,
+                         text=True, timeout=300, check=True).stdout  # fmt: skip
+    seconds, grown = (float(v) for v in out.split())
+    assert seconds < 1.0, seconds
+    assert grown < 16 * 2**20, grown  # the peak did not move (16 MiB: the allocator's slack)
+    for stored in tmp_path.glob("wisdom-*.json"):  # only the warm-up's small class measured
+        assert '"H": 1024' not in stored.read_text()

@@ -23,7 +23,7 @@ from .contract import (
 from .dropout import make_dropout_masks
 from .errors import LstmError, LstmInternalError, LstmMemoryError
 from .gemm import NUMPY_GEMM, Gemm
-from .plan import Plan, plan_for
+from .plan import SAFE, Plan, plan_for
 from .tensors import from_torch, to_tensors, torch_gemm
 from .workspace import Arena, scratch_held, workspace_bytes
 
@@ -54,13 +54,15 @@ def _available(need: int) -> int | None:
     return avail
 
 
-def check_memory(fn: str, need: int) -> None:
+def check_memory(fn: str, need: int, results_only: bool = False) -> None:
     """Raise LstmMemoryError before a call that needs more bytes than the machine can give now
-    (:func:`lstmgrad.machine.available_memory`; no check where that cannot be read)."""
+    (:func:`lstmgrad.machine.available_memory`; no check where that cannot be read).
+    ``results_only``: ``need`` counts the results alone (the check before a plan is made)."""
     avail = _available(need)
     if avail is not None and need > avail:
+        what = f"at least {need} bytes (its results alone)" if results_only else f"{need} bytes"
         raise LstmMemoryError(
-            f"{fn}: needs {need} bytes of memory, only {avail} bytes are available (the "
+            f"{fn}: needs {what} of memory, only {avail} bytes are available (the "
             f"machine's available memory, within the cgroup's limit if any)"
         )
 
@@ -95,6 +97,9 @@ def run_backward(
     Raises:
         LstmMemoryError: (code 561103) the fused engine would need more memory than available.
     """
+    if impl == "fused" and any(call.need):  # the results alone, before a plan is measured
+        need = fused.backward_bytes(call, gemm or NUMPY_GEMM, SAFE)
+        check_memory("lstm_backward", need, results_only=True)
     args = _engine_args(impl, call, gemm)
     if args and any(call.need):
         _need("lstm_backward", call, arena, **args, forward=False)
@@ -126,6 +131,10 @@ def run_forward(
     """
     if call.dropout > 0 and call.dropout_masks is None:
         call.dropout_masks = make_dropout_masks(call.dims, call.dropout, call.seed, call.dtype)
+    given = 0 if saved_into is None else saved_into.nbytes
+    if impl == "fused":  # the results alone, before a plan is measured
+        need = fused.forward_bytes(call, gemm or NUMPY_GEMM, SAFE) - given
+        check_memory("lstm_forward", need, results_only=True)
     args = _engine_args(impl, call, gemm)
     if args:
         _need("lstm_forward", call, arena, **args, forward=True,
