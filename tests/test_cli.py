@@ -167,3 +167,24 @@ def test_the_benchmark_scripts_end_quietly_on_a_closed_pipe(tmp_path):
     finally:
         os.close(write)
     assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_tune_says_what_it_stored_and_fails_when_nothing(tmp_path, monkeypatch, capsys, busy):
+    from lstmgrad import plan
+
+    monkeypatch.setenv("LSTMGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LSTMGRAD_TUNE", "on")
+    monkeypatch.setattr(plan, "machine_busy", lambda: busy)
+    plan.forget()
+    try:
+        rc = main(["tune", "--shape", "4,2,3,5", "--input", "numpy"])
+    finally:
+        plan.forget()
+    out, err = capsys.readouterr()
+    if busy:  # measured while the CPUs were shared: for this process only
+        assert rc == 1 and "not stored: measured while other processes used the CPUs" in out
+        assert "1 of 1 shapes stored nothing" in err
+        assert not list(tmp_path.glob("wisdom-*.json"))
+    else:
+        assert rc == 0 and "; stored]" in out and list(tmp_path.glob("wisdom-*.json"))

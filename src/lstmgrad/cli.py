@@ -124,12 +124,19 @@ def _tune(args: argparse.Namespace) -> int:
             print(f"forgot {path}")
         if not removed:
             print(f"nothing stored at {plan.cache_dir()}")
+    unstored = 0
     for row in tune.tune_shapes(shapes, kind, args.dtype) if shapes else ():
         s = row["shape"]
+        where = f"not stored: {row['not_stored']}" if row["not_stored"] else "stored"
+        unstored += bool(row["not_stored"])
         print(f"T{s['T']} B{s['B']} I{s['I']} H{s['H']} L{s['L']} D{s['D']} ({args.input}, "
-              f"{args.dtype}): {row['plan'].describe()} [{row['seconds']:.2f} s]")  # fmt: skip
+              f"{args.dtype}): {row['plan'].describe()} [{row['seconds']:.2f} s; {where}]")  # fmt: skip
     if args.show or not (shapes or args.reset):
         print(json.dumps(plan.show(), indent=1, default=str))
+    if unstored:
+        print(f"lstmgrad tune: {unstored} of {len(shapes)} shapes stored nothing (see above): "
+              "later processes will measure them again", file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 

@@ -220,6 +220,7 @@ class Wisdom:
         self.facts = facts
         self.key = fingerprint_key(facts)
         self.entries: dict[str, dict[str, Any]] = {}
+        self.unsaved: set[str] = set()  # entries kept for this process only
         self.lock = threading.Lock()
         self._load()
 
@@ -240,13 +241,23 @@ class Wisdom:
 
     def put(self, cls: dict[str, Any], entry: dict[str, Any], keep: bool = True) -> None:
         """Store an entry, on disk too unless ``keep`` is False (this process only)."""
-        self.entries[json.dumps(cls, sort_keys=True)] = entry
+        key = json.dumps(cls, sort_keys=True)
+        self.entries[key] = entry
         if keep:
+            self.unsaved.discard(key)
             self._save()
+        else:
+            self.unsaved.add(key)
+
+    def stored(self, cls: dict[str, Any]) -> bool:
+        """An entry for ``cls`` that later processes will read (not one kept in memory only)."""
+        key = json.dumps(cls, sort_keys=True)
+        return key in self.entries and key not in self.unsaved
 
     def clear(self) -> None:
         """Forget every entry, on disk too."""
         self.entries = {}
+        self.unsaved = set()
         try:
             self.path.unlink()
         except OSError:
