@@ -78,6 +78,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
 def workers(args: argparse.Namespace) -> dict[str, Worker]:
     """A torch and a lstmgrad worker.py for ``args.what``."""
     env = dict(os.environ, LSTMGRAD_BENCH_INPUT=args.lstmgrad_input)
+    env.setdefault("LSTMGRAD_TUNE", "eager")  # plans measured in the warm-up, not budgeted
     pre = "step-" if args.what == "step" else ""
     logs = {s: args.logdir / f"{pre}{s}.log" for s in ("torch", "lstmgrad")}
     return {s: Worker(s, log, (pre + s,), env) for s, log in logs.items()}

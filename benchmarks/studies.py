@@ -118,6 +118,7 @@ def _memory_run(config: str, side: str, args: argparse.Namespace) -> dict[str, A
     """A fresh process for (config, side) under RLIMIT_AS: its result or the failure."""
     limit = int(args.limit_gib * GIB)
     env = dict(os.environ, PYTHONPATH=str(HERE.parent / "src"))
+    env.setdefault("LSTMGRAD_TUNE", "eager")  # plans measured in the warm-up, not budgeted
     if args.threads:  # every library's pool, before the child loads it
         keys = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
         env |= dict.fromkeys(keys, str(args.threads))

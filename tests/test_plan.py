@@ -23,8 +23,9 @@ TINY_BI = dataclasses.replace(TINY, D=2)
 
 @pytest.fixture
 def store(monkeypatch, tmp_path):
-    """Measurements on, in an empty directory of their own; this process's memory cleared."""
-    monkeypatch.setenv("LSTMGRAD_TUNE", "on")
+    """Measurements at first sight, in an empty directory of their own; this process's memory
+    cleared."""
+    monkeypatch.setenv("LSTMGRAD_TUNE", "eager")
     monkeypatch.setenv("LSTMGRAD_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(plan, "machine_busy", lambda: False)
     plan.forget()
@@ -109,7 +110,15 @@ def test_forced_fields_nest_and_stay_in_their_thread():
 
 @pytest.mark.parametrize(
     "value, want",
-    [("on", "on"), ("", "on"), ("OFF", "off"), ("0", "off"), ("safe", "off"), ("cached", "cached")],
+    [
+        ("on", "on"),
+        ("", "on"),
+        ("OFF", "off"),
+        ("0", "off"),
+        ("safe", "off"),
+        ("cached", "cached"),
+        ("eager", "eager"),
+    ],
 )
 def test_tune_modes(monkeypatch, value, want):
     monkeypatch.setenv("LSTMGRAD_TUNE", value)
@@ -168,6 +177,60 @@ def test_tune_off_runs_the_safe_plan(monkeypatch, tmp_path):
     with forced(fwd_rec="loop"):
         assert plan.plan_for(TINY, np.dtype(np.float32), NUMPY_GEMM).fwd_rec == "loop"
     assert not list(tmp_path.iterdir())
+
+
+# --------------------------------------------------------------------------------------------
+# the measuring budget (LSTMGRAD_TUNE=on)
+
+
+@pytest.fixture
+def budgeted(store, monkeypatch):
+    monkeypatch.setenv("LSTMGRAD_TUNE", "on")
+    return store
+
+
+def test_budget_serves_the_safe_plan_until_the_calls_pay_for_a_measurement(budgeted, monkeypatch):
+    seen = []
+    real = tune.measure_steps
+    monkeypatch.setattr(tune, "measure_steps", lambda *a: seen.append(1) or real(*a))
+    monkeypatch.setattr(plan, "MEASURE_GUESS", 1.0)
+    f32 = np.dtype(np.float32)
+    assert plan.plan_for(TINY, f32, NUMPY_GEMM) == SAFE and not seen  # nothing spent yet
+    plan.note_call(5.0)  # 10% of 5 s: 0.5 s, less than a measurement is expected to take
+    assert plan.plan_for(TINY, f32, NUMPY_GEMM) == SAFE and not seen
+    plan.note_call(6.0)  # 1.1 s: one measurement; the plan is made again
+    measured = plan.plan_for(TINY, f32, NUMPY_GEMM)
+    assert seen == [1] and list(budgeted.glob("wisdom-*.json"))
+    assert plan.budget.measured > 0 and plan.budget.runs
+    assert measured == plan.plan_for(TINY, f32, NUMPY_GEMM) and seen == [1]  # final: kept
+    # a budget spent: another class waits, served by the safe plan
+    plan.budget.measured = plan.MEASURE_SHARE * plan.budget.calls
+    assert plan.plan_for(dataclasses.replace(TINY, H=7), f32, NUMPY_GEMM) == SAFE
+
+
+def test_budget_carries_unspent_call_time_to_the_next_process(budgeted, monkeypatch):
+    plan.note_call(3.0)
+    plan._carry_over()
+    assert json.loads((budgeted / "budget.json").read_text())["calls"] == pytest.approx(3.0)
+    plan.forget()  # a new process: it starts with what the last one left
+    assert plan.budget.carried() == pytest.approx(3.0) and plan.budget.calls == pytest.approx(3.0)
+    monkeypatch.setenv("LSTMGRAD_TUNE", "off")  # only the budgeted mode carries
+    plan.note_call(4.0)
+    plan._carry_over()
+    assert json.loads((budgeted / "budget.json").read_text())["calls"] == pytest.approx(3.0)
+
+
+def test_tune_measures_whatever_the_budget(budgeted):
+    (row,) = tune.tune_shapes([{"T": 4, "B": 2, "I": 3, "H": 5, "L": 1, "D": 1}], "numpy",
+                              "float32")  # fmt: skip
+    assert row["not_stored"] == "" and row["plan"] != SAFE or list(budgeted.glob("wisdom-*"))
+
+
+def test_batch_sizes_share_classes_by_power_of_two():
+    f32 = np.dtype(np.float32)
+    cls = [plan.step_class(dataclasses.replace(TINY, B=b), f32, "numpy")["B"]
+           for b in (1, 2, 3, 4, 5, 33, 64, 65)]  # fmt: skip
+    assert cls == [1, 2, 4, 4, 8, 64, 64, 128]
 
 
 # --------------------------------------------------------------------------------------------
@@ -659,7 +722,7 @@ def test_tune_command_measures_shows_and_resets(store, capsys):
     assert lines[1].startswith("T3 B2 I4 H4 L2 D2 (numpy, float32): ")
     assert main(["tune", "--show", "--input", "numpy"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown["mode"] == "on" and len(shown["numpy"]["entries"]) == 4  # big, steps per shape
+    assert shown["mode"] == "eager" and len(shown["numpy"]["entries"]) == 4  # big, steps per shape
     assert main(["tune", "--reset", "--input", "numpy"]) == 0
     assert "forgot" in capsys.readouterr().out
     assert not list(store.glob("wisdom-*.json"))

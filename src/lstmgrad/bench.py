@@ -285,8 +285,12 @@ def run(
     config = {"dtype": dtype, "rounds": rounds, "input": inp, "batch_s": BATCH_S}
     doc: dict[str, Any] = {"machine": machine(), "config": config, "results": []}
     say(doc)
+    from .plan import eager
+
     for name, dims in shapes.items():
-        res = bench_shape(torch, name, dims, dtype, inp, rounds, doc["machine"]["peak_gflops"])
+        with eager():  # the plans measured in the warm-up, as `lstmgrad tune` would
+            res = bench_shape(torch, name, dims, dtype, inp, rounds,
+                              doc["machine"]["peak_gflops"])  # fmt: skip
         doc["results"].append(res)
         say(doc)
     return doc

@@ -8,8 +8,11 @@ and holds no thresholds; the back ends (:mod:`lstmgrad.gemm`) only multiply.
 
 Environment:
 
-- ``LSTMGRAD_TUNE``: ``on`` (default) measures unseen shape classes; ``cached`` uses stored
-  measurements only (the safe plan for unseen classes); ``off`` always runs the safe plan.
+- ``LSTMGRAD_TUNE``: ``on`` (default) measures unseen shape classes within a budget (at most
+  :data:`MEASURE_SHARE` of the time the process spends in its calls; the safe plan serves an
+  unmeasured class meanwhile); ``eager`` measures a class the first time it is seen;
+  ``cached`` uses stored measurements only (the safe plan for unseen classes); ``off`` always
+  runs the safe plan.
 - ``LSTMGRAD_PLAN``: fields forced over every plan, e.g. ``threads=1,fwd_rec=blas``.
 - ``LSTMGRAD_CACHE_DIR``: where measurements are stored (default ``~/.cache/lstmgrad``).
 - ``LSTMGRAD_PRIVATE_OPS=0``: torch's public GEMM (torch.mm) only (:mod:`lstmgrad.tensors`).
@@ -19,6 +22,7 @@ Environment:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import dataclasses
@@ -27,6 +31,7 @@ import json
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -161,13 +166,109 @@ def forced(**fields: Any) -> Iterator[None]:
 
 
 def mode() -> str:
-    """LSTMGRAD_TUNE: "on" (default), "cached" or "off"."""
+    """LSTMGRAD_TUNE: "on" (default), "eager", "cached" or "off" (:func:`eager` makes "on"
+    eager for a block)."""
     value = os.environ.get("LSTMGRAD_TUNE", "on").strip().lower()
     if value in ("0", "off", "false", "no", "safe"):
         return "off"
     if value in ("cached", "cache"):
         return "cached"
+    if value == "eager" or _eager.get():
+        return "eager"
     return "on"
+
+
+_eager: contextvars.ContextVar[bool] = contextvars.ContextVar("lstmgrad_eager", default=False)
+
+
+@contextlib.contextmanager
+def eager() -> Iterator[None]:
+    """Measure unseen classes at once in this block, whatever the budget (``lstmgrad tune``, a
+    benchmark's warm-up); LSTMGRAD_TUNE=off or cached still win."""
+    token = _eager.set(True)
+    try:
+        yield
+    finally:
+        _eager.reset(token)
+
+
+MEASURE_SHARE = 0.1
+"""The share of the time a process spends in lstmgrad's calls that measuring may take under
+LSTMGRAD_TUNE=on: a short program runs on the safe plan and measures little or nothing (later
+processes go on where it stopped), a long one measures its classes early in its run."""
+
+MEASURE_GUESS = 2.0
+"""Seconds one class's measurement is expected to take until this machine has measured one
+(then the mean of its stored measurements' durations, then this process's): 1.5-6 s on 2
+cores."""
+
+
+class _Budget:
+    """Seconds spent in calls and in measuring by this process (floats added under the GIL)."""
+
+    def __init__(self) -> None:
+        self.calls = 0.0
+        self.measured = 0.0
+        self.runs: list[float] = []
+        self._stored: float | None = None  # the stored measurements' mean duration, read once
+        self._carried: float | None = None  # call seconds earlier processes left unspent
+
+    def carried(self) -> float:
+        """Call seconds earlier processes left unspent (read once): repeated short runs add
+        up to a measurement."""
+        if self._carried is None:
+            try:
+                self._carried = max(0.0, float(json.loads(_carry_path().read_text())["calls"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                self._carried = 0.0
+            self.calls += self._carried
+        return self._carried
+
+    def expected(self, kind: str) -> float:
+        if self.runs:
+            return sum(self.runs) / len(self.runs)
+        if self._stored is None:
+            done = [e["seconds"] for e in wisdom(kind).entries.values() if "seconds" in e]
+            self._stored = sum(done) / len(done) if done else MEASURE_GUESS
+        return self._stored
+
+    def allows(self, kind: str) -> bool:
+        """Measuring one more class keeps within :data:`MEASURE_SHARE` of the calls' time."""
+        self.carried()
+        spare = MEASURE_SHARE * self.calls - self.measured
+        return spare > 0 and spare >= self.expected(kind)
+
+
+budget = _Budget()
+
+
+def _carry_path() -> Path:
+    return cache_dir() / "budget.json"
+
+
+def _carry_over() -> None:
+    """At exit: leave the unspent call seconds to the next process (under LSTMGRAD_TUNE=on)."""
+    if mode() != "on" or budget.calls <= 0:
+        return
+    budget.carried()
+    unspent = max(0.0, budget.calls - budget.measured / MEASURE_SHARE)
+    try:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        _carry_path().write_text(json.dumps({"calls": unspent}))
+    except OSError:
+        pass  # a read-only cache: each process starts afresh
+
+
+atexit.register(_carry_over)
+
+
+def note_call(seconds: float) -> None:
+    """Count a fused engine call's seconds towards the measuring budget (:mod:`lstmgrad.api`);
+    a measurement's own runs do not count."""
+    from .tune import calibrating
+
+    if not calibrating.get():
+        budget.calls += seconds
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
@@ -176,9 +277,11 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def step_class(dims: Dims, dtype: np.dtype, kind: str) -> dict[str, Any]:
-    """The shape class of the step loops' measurements: batch, hidden size, directions."""
-    return {"what": "steps", "kind": kind, "dtype": str(compute_dtype(dtype)), "B": dims.B,
-            "H": dims.H, "D": dims.D}  # fmt: skip
+    """The shape class of the step loops' measurements: batch (rounded up to a power of two, so
+    that the many batch sizes of packed or bucketed data share a few classes), hidden size,
+    directions."""
+    return {"what": "steps", "kind": kind, "dtype": str(compute_dtype(dtype)),
+            "B": bucket(dims.B), "H": dims.H, "D": dims.D}  # fmt: skip
 
 
 def bucket(n: int) -> int:
@@ -321,26 +424,33 @@ def wisdom(kind: str) -> Wisdom:
 # plans
 
 
-def _measured(dims: Dims, dtype: np.dtype, gemm: Any, measure: bool) -> Plan:
+def _measured(dims: Dims, dtype: np.dtype, gemm: Any, m: str) -> tuple[Plan, bool]:
     """The plan from this machine's measurements of the call's classes (measured now where
-    ``measure`` and missing)."""
+    missing: always in mode "eager", within the budget in mode "on"), and whether every class
+    had its measurement."""
     from . import tune
 
     store = wisdom(gemm.kind)
     fields: dict[str, Any] = {}
+    complete = True
     for cls, run in (
         (big_class(dims, dtype, gemm.kind), tune.measure_big),
         (step_class(dims, dtype, gemm.kind), tune.measure_steps),
     ):
         entry = store.get(cls)
-        if entry is None and measure:
+        if entry is None and (m == "eager" or (m == "on" and budget.allows(gemm.kind))):
             with store.lock:
                 entry = store.get(cls)
                 if entry is None:
                     busy = machine_busy()
-                    entry = run(cls, gemm)
+                    t0 = time.perf_counter()
+                    entry = {**run(cls, gemm), "seconds": 0.0}
+                    entry["seconds"] = took = time.perf_counter() - t0
+                    budget.measured += took
+                    budget.runs.append(took)
                     # measured while other processes held the CPUs: this process only
                     store.put(cls, entry, keep=not (busy or machine_busy()))
+        complete = complete and entry is not None
         if entry is not None:  # the big products' entry first: its transpose_threads
             # price the recurrent weight's preparation
             if cls["what"] == "steps":
@@ -348,7 +458,7 @@ def _measured(dims: Dims, dtype: np.dtype, gemm: Any, measure: bool) -> Plan:
                 fields.update(tune.step_fields(entry, dims.T, tt))
             else:
                 fields.update(entry["plan"])
-    return dataclasses.replace(SAFE, **fields)
+    return dataclasses.replace(SAFE, **fields), complete
 
 
 def _recurrent(method: str, gemm: Any, cd: np.dtype) -> str:
@@ -393,7 +503,7 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     )
 
 
-_memo: dict[tuple, Plan] = {}
+_memo: dict[tuple, tuple[Plan, bool]] = {}  # key -> (plan, final: no class waits to be measured)
 
 
 def _thread_state(kind: str) -> tuple[int, ...]:
@@ -425,20 +535,24 @@ def plan_for(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     key = (gemm.kind, np.dtype(dtype), dims.T, dims.B, dims.I, dims.H, dims.D, m,
            tuple(sorted(forced_fields.items())), _thread_state(gemm.kind), os.getpid(),
            _cache_env())  # fmt: skip
-    chosen = _memo.get(key)
-    if chosen is None:
-        base = _measured(dims, dtype, gemm, measure=m == "on")
-        chosen = feasible(dataclasses.replace(base, **forced_fields), dims, dtype, gemm)
-        _memo[key] = chosen
-    return chosen
+    memo = _memo.get(key)
+    # a plan made while a class waited for the budget is made again once the budget allows
+    if memo is None or (not memo[1] and budget.allows(gemm.kind)):
+        base, complete = _measured(dims, dtype, gemm, m)
+        memo = (feasible(dataclasses.replace(base, **forced_fields), dims, dtype, gemm),
+                complete or m != "on")  # fmt: skip
+        _memo[key] = memo
+    return memo[0]
 
 
 def forget() -> None:
     """Drop this process's remembered plans and stores (after :meth:`Wisdom.clear`, or to
     re-read the disk)."""
+    global budget
     with _wisdoms_lock:
         _memo.clear()
         _wisdoms.clear()
+        budget = _Budget()
 
 
 def reset() -> list[Path]:
