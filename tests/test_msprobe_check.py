@@ -608,3 +608,9 @@ def test_check_measures_no_plans_and_leaves_the_environment_alone(perturbed_dump
     assert main(["check", str(perturbed_dump)]) == 1
     assert seen and set(seen) == {"cached"}
     assert "LSTMGRAD_TUNE" not in os.environ
+
+
+def test_a_bfloat16_batch_first_dump_written_by_msprobe_passes():
+    (rep,) = check_dump(REAL.parent / "msprobe-26.2.0-cpu-bfloat16")
+    assert rep.dtype == "bfloat16" and "batch_first" in rep.dims and rep.verdict == "passed"
+    assert len(_judged(rep)) == 20  # y, h_n, c_n, dx and 16 parameter gradients
