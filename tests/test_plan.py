@@ -834,3 +834,71 @@ def test_slow_copies_at_the_layers_rows_rule_out_transposing_layouts(monkeypatch
     assert seconds["rows"] < 1 and seconds["rows2"] < 1
     assert entry["plan"]["weight_grad"] in ("rows", "rows2")
     assert entry["seconds"]["transpose/rows64"] == 10.0
+
+
+# --------------------------------------------------------------------------------------------
+# the default plan of an unmeasured class
+
+
+class _WalkGemm(_FourThreadGemm):
+    """A back end with a product a walk can call (as torch's MKL is)."""
+
+    @staticmethod
+    def walk_gemm(dtype: np.dtype) -> int:
+        return 1
+
+
+@pytest.mark.parametrize(
+    "dims, want",
+    [
+        (Dims(3, 12, 16, 16, 8, 2, True), dict(walk=True, pair_walks=False, threads=1)),  # tiny
+        (Dims(200, 8, 128, 128, 1, 2, True), dict(walk=True, pair_walks=True, threads=2)),
+        (Dims(100, 32, 256, 256, 1, 1, True), dict(walk=True, threads=2, walk_rows=2)),
+        (Dims(100, 1, 256, 256, 1, 1, True), dict(walk=True, threads=1, walk_rows=1)),  # one row
+        (Dims(2, 4, 8, 16, 1, 1, True), dict(walk=True, threads=1, walk_rows=1)),  # little work
+    ],
+    ids=["T3-B12-H16-D2", "T200-B8-H128-D2", "T100-B32-H256-D1", "T100-B1-H256-D1", "T2-B4-H16-D1"],
+)
+def test_default_plan_walks_and_splits_only_with_work_to_share(monkeypatch, dims, want):
+    from lstmgrad.fused import walks
+
+    monkeypatch.setattr(walks, "parallel_threads", lambda: 2)
+    got = plan.default_plan(dims, np.dtype(np.float32), _WalkGemm())
+    assert got.walk_product == "library"
+    assert {k: getattr(got, k) for k in want} == want
+    # a back end whose BLAS must not be called from a walk's thread: the safe plan
+    assert plan.default_plan(dims, np.dtype(np.float32), NUMPY_GEMM) == SAFE
+
+
+@pytest.mark.parametrize("D", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_default_plan_runs_an_unmeasured_class_to_the_reference(monkeypatch, tmp_path, D, dtype):
+    torch = pytest.importorskip("torch")
+    import lstmgrad
+
+    monkeypatch.setenv("LSTMGRAD_TUNE", "cached")  # nothing stored: the default plan
+    monkeypatch.setenv("LSTMGRAD_CACHE_DIR", str(tmp_path))
+    plan.forget()
+    rng = np.random.default_rng(3)
+    T, B, I, H = 40, 6, 5, 64
+    x = rng.standard_normal((T, B, I)).astype(dtype)
+    params = [(0.3 * rng.standard_normal(s)).astype(dtype)
+              for s in [(4 * H, I), (4 * H, H), (4 * H,), (4 * H,)] * D]  # fmt: skip
+    as_t = [torch.from_numpy(p) for p in params]
+    fwd = lstmgrad.lstm_forward(torch.from_numpy(x), as_t, bidirectional=D == 2)
+    ref = lstmgrad.lstm_forward(x.astype(np.float64), [p.astype(np.float64) for p in params],
+                                bidirectional=D == 2, impl="reference")  # fmt: skip
+    tol = 4e-3 if dtype == np.float16 else 2e-5
+    np.testing.assert_allclose(fwd.output.numpy().astype(np.float64), ref.output, atol=tol)
+    dy = rng.standard_normal(ref.output.shape)
+    hx = [np.zeros((D, B, H))] * 2
+    got = lstmgrad.lstm_backward(torch.from_numpy(x), [torch.from_numpy(h.astype(dtype)) for h in hx],
+                                 as_t, torch.from_numpy(dy.astype(dtype)), None, None,
+                                 *fwd.saved[:7], bidirectional=D == 2)  # fmt: skip
+    want = lstmgrad.lstm_backward(x.astype(np.float64), hx, [p.astype(np.float64) for p in params],
+                                  dy, None, None, *ref.saved[:7], bidirectional=D == 2,
+                                  impl="reference")  # fmt: skip
+    scale = max(float(np.abs(w).max()) for w in want.dparams)
+    for g, w in zip(got.dparams, want.dparams, strict=True):
+        np.testing.assert_allclose(g.numpy().astype(np.float64), w, atol=tol * 10 * scale)
+    plan.forget()

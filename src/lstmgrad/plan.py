@@ -458,7 +458,44 @@ def _measured(dims: Dims, dtype: np.dtype, gemm: Any, m: str) -> tuple[Plan, boo
                 fields.update(tune.step_fields(entry, dims.T, tt))
             else:
                 fields.update(entry["plan"])
-    return dataclasses.replace(SAFE, **fields), complete
+    return dataclasses.replace(default_plan(dims, dtype, gemm), **fields), complete
+
+
+WALK_MIN_MACS = 1 << 20
+"""The default plan's cost model: a walk is split over threads (blocks of rows, or the two
+directions) only where each part's recurrent products over all steps reach this many
+multiply-adds: about a millisecond of one core's work, orders of magnitude above a thread
+hand-off, so that tiny layers stay on one thread."""
+
+
+def default_plan(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
+    """The plan of a class not measured yet (LSTMGRAD_TUNE=on or cached), from the call's
+    dimensions: each direction's step loop walks in one Numba call, with the back end's own
+    product inside (no library call and no thread hand-off per step, which is what makes a
+    per-step library plan collapse beside a busy process), its rows in blocks (one direction)
+    or the two directions (two) on the usable threads where each part has the work to pay for
+    it (:data:`WALK_MIN_MACS`). A back end without such a product gets :data:`SAFE`.
+
+    On an Intel Xeon (2 cores) it was within 1.12x of the measured plan on the ten dense
+    benchmark shapes, where SAFE was up to 1.95x slower, and 2-7x faster than SAFE with a busy
+    process beside it (docs/performance.md#execution-plans).
+    """
+    cd = compute_dtype(dtype)
+    if not gemm.walk_gemm(cd):
+        return SAFE
+    from .fused.walks import parallel_threads
+
+    usable = max(1, min(parallel_threads(), gemm.threads()))
+    macs = dims.T * dims.B * 4 * dims.H * dims.H  # one direction's recurrent products
+    walk = dataclasses.replace(SAFE, walk=True, walk_product="library")
+    if dims.D == 2:
+        if usable >= 2 and macs >= WALK_MIN_MACS:
+            return dataclasses.replace(walk, pair_walks=True, threads=2)
+        return walk
+    rows = max(1, min(usable, dims.B))
+    if rows > 1 and macs >= rows * WALK_MIN_MACS:
+        return dataclasses.replace(walk, threads=rows, walk_rows=rows)
+    return walk
 
 
 def _recurrent(method: str, gemm: Any, cd: np.dtype) -> str:

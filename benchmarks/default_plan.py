@@ -1,0 +1,88 @@
+"""The default plan of an unmeasured class against the plan of LSTMGRAD_TUNE=off and the measured
+plan: forward + backward with torch tensors on the dense benchmark shapes, the three plans in
+alternating rounds in one process; medians in ms and the ratios to the measured plan.
+
+    python benchmarks/default_plan.py [--shapes med-3,large-1] [--rounds 5] [--json PATH]
+
+Run it alone and beside a busy process (``python -c 'while True: pass' &``) to see both cases.
+Measures the shapes' classes into a temporary plan store (nothing of yours is touched).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from shapes import SHAPES  # noqa: E402
+
+import lstmgrad  # noqa: E402
+from lstmgrad import plan  # noqa: E402
+
+# (LSTMGRAD_TUNE, store): off = the safe plan; cached with an empty store = the default plan
+PLANS = {"off": ("off", "safe"), "default": ("cached", "empty"), "measured": ("eager", "store")}
+
+
+def run(which: str, root: Path, x: torch.Tensor, params: list, kw: dict) -> float:
+    """Seconds of one forward + backward under plan ``which``."""
+    mode, store = PLANS[which]
+    os.environ["LSTMGRAD_TUNE"] = mode
+    os.environ["LSTMGRAD_CACHE_DIR"] = str(root / store)
+    t0 = time.perf_counter()
+    f = lstmgrad.lstm_forward(x, params, **kw)
+    h0 = torch.zeros_like(f.hy)
+    lstmgrad.lstm_backward(x, [h0, h0], params, torch.ones_like(f.output), None, None,
+                           *f.saved[:7], **kw)  # fmt: skip
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    dense = [s.id for s in SHAPES if s.lengths_range is None]
+    p.add_argument("--shapes", default=",".join(dense))
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="lstmgrad-default-plan-"))
+    by_name = {s.id: s for s in SHAPES}
+    out = {"load": os.getloadavg(), "cpu": lstmgrad.machine.cpu_model(), "shapes": {}}
+    print(f"{'shape':9s} {'off ms':>9s} {'default ms':>11s} {'measured ms':>12s}  off/measured"
+          "  default/measured")  # fmt: skip
+    for name in args.shapes.split(","):
+        s = by_name[name]
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(s.T, s.B, s.I, generator=g)
+        params = []
+        for layer in range(s.L):
+            for _ in range(s.D):
+                width = s.I if layer == 0 else s.D * s.H
+                params += [0.1 * torch.randn(shape, generator=g)
+                           for shape in [(4 * s.H, width), (4 * s.H, s.H), (4 * s.H,), (4 * s.H,)]]  # fmt: skip
+        kw = {"num_layers": s.L, "bidirectional": s.D == 2}
+        for which in PLANS:  # warm-up; the measured plan is measured here
+            run(which, root, x, params, kw)
+        times: dict[str, list[float]] = {w: [] for w in PLANS}
+        for r in range(args.rounds):
+            for which in list(PLANS)[:: 1 if r % 2 == 0 else -1]:
+                times[which].append(run(which, root, x, params, kw))
+        ms = {w: 1e3 * statistics.median(t) for w, t in times.items()}
+        out["shapes"][name] = ms
+        print(f"{name:9s} {ms['off']:9.1f} {ms['default']:11.1f} {ms['measured']:12.1f}  "
+              f"{ms['off'] / ms['measured']:12.2f}  {ms['default'] / ms['measured']:16.2f}",
+              flush=True)  # fmt: skip
+    plan.forget()
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
