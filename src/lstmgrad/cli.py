@@ -437,7 +437,7 @@ def _check(args: argparse.Namespace) -> int:
     rule = args.rule or "bound"
     factor = args.factor or msprobe.BOUND_FACTOR
     try:
-        with _tune_unless_set("cached"):  # a check measures no plans: stored ones or the safe plan
+        with _tune_unless_set("cached"):  # a check measures no plans: stored or default ones
             reports = _judge_dump(args, path, rule, factor)
     except msprobe.DumpReadError as exc:
         print(f"lstmgrad check: {exc}", file=sys.stderr)

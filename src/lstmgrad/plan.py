@@ -9,10 +9,10 @@ and holds no thresholds; the back ends (:mod:`lstmgrad.gemm`) only multiply.
 Environment:
 
 - ``LSTMGRAD_TUNE``: ``on`` (default) measures unseen shape classes within a budget (at most
-  :data:`MEASURE_SHARE` of the time the process spends in its calls; the safe plan serves an
-  unmeasured class meanwhile); ``eager`` measures a class the first time it is seen;
-  ``cached`` uses stored measurements only (the safe plan for unseen classes); ``off`` always
-  runs the safe plan.
+  :data:`MEASURE_SHARE` of the time the process spends in its calls; :func:`default_plan`
+  serves an unmeasured class meanwhile); ``eager`` measures a class the first time it is seen;
+  ``cached`` uses stored measurements only (:func:`default_plan` for unseen classes); ``off``
+  always runs the safe plan (:data:`SAFE`).
 - ``LSTMGRAD_PLAN``: fields forced over every plan, e.g. ``threads=1,fwd_rec=blas``.
 - ``LSTMGRAD_CACHE_DIR``: where measurements are stored (default ``~/.cache/lstmgrad``).
 - ``LSTMGRAD_PRIVATE_OPS=0``: torch's public GEMM (torch.mm) only (:mod:`lstmgrad.tensors`).
@@ -194,7 +194,7 @@ def eager() -> Iterator[None]:
 
 MEASURE_SHARE = 0.1
 """The share of the time a process spends in lstmgrad's calls that measuring may take under
-LSTMGRAD_TUNE=on: a short program runs on the safe plan and measures little or nothing (later
+LSTMGRAD_TUNE=on: a short program runs on the default plan and measures little or nothing (later
 processes go on where it stopped), a long one measures its classes early in its run."""
 
 MEASURE_GUESS = 2.0
@@ -560,9 +560,10 @@ def _thread_state(kind: str) -> tuple[int, ...]:
 
 
 def plan_for(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
-    """The plan of one call: measured (or the safe plan, by LSTMGRAD_TUNE), then forced fields
-    (LSTMGRAD_PLAN, :func:`forced`), then :func:`feasible`. Remembered for the process per
-    shape, settings and thread counts (a call pays a dictionary lookup)."""
+    """The plan of one call: measured (else the default plan; the safe plan with
+    LSTMGRAD_TUNE=off), then forced fields (LSTMGRAD_PLAN, :func:`forced`), then
+    :func:`feasible`. Remembered for the process per shape, settings and thread counts (a call
+    pays a dictionary lookup)."""
     from .tune import calibrating
 
     m = mode()
