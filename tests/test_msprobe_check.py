@@ -41,6 +41,15 @@ def _x(shape: tuple[int, ...], dtype=torch.float32, seed=1) -> torch.Tensor:
     return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
 
 
+def _write(
+    path: pathlib.Path, lstm: torch.nn.LSTM, *args: Any, level: str = "L1", **kwargs: Any
+) -> None:
+    """A dump at ``level`` of one call of ``lstm`` (record_lstm's arguments) under ``path``."""
+    d = MsprobeDump(path, level=level)
+    record_lstm(d, lstm, *args, **kwargs)
+    d.write()
+
+
 def _calls(reports: list[Any]) -> dict[str, Any]:
     return {r.name: r for r in reports}
 
@@ -68,9 +77,7 @@ def test_dense_correct_device_passes(tmp_path: pathlib.Path, cfg: dict[str, Any]
     T, B = cfg.pop("T", 5), cfg.pop("B", 3)
     lstm = _lstm(**cfg)
     shape = (B, T, lstm.input_size) if lstm.batch_first else (T, B, lstm.input_size)
-    d = MsprobeDump(tmp_path, level=level)
-    record_lstm(d, lstm, _x(shape))
-    d.write()
+    _write(tmp_path, lstm, _x(shape), level=level)
     reports = check_dump(tmp_path, no_dropout=True)
     assert reports and all(r.verdict == "passed" for r in reports), summary(reports)
     assert exit_status(reports) == 0
@@ -92,9 +99,7 @@ def test_packed_correct_device_passes(tmp_path: pathlib.Path, level: str, bidir:
     # enforce_sorted=False: the module sorts the batch and unsorts h_n, c_n and the gradients
     packed = pack_padded_sequence(x, torch.tensor([3, 6, 1, 4]), enforce_sorted=False)
     hx = (_x((2 * (1 + bidir), 4, 6), seed=2), _x((2 * (1 + bidir), 4, 6), seed=3))
-    d = MsprobeDump(tmp_path, level=level)
-    record_lstm(d, lstm, packed, hx)
-    d.write()
+    _write(tmp_path, lstm, packed, hx, level=level)
     reports = check_dump(tmp_path, no_dropout=True)
     assert [r.verdict for r in reports] == ["passed"], summary(reports)
     judged = _judged(reports[0])
@@ -180,9 +185,7 @@ def test_one_perturbed_element_is_found_and_located(tmp_path, which: str, rule: 
     lstm = _lstm(I=5, H=6, L=2, bidir=True)
     hx = (_x((4, 3, 6), seed=2), _x((4, 3, 6), seed=3))
     hit: dict[str, Any] = {}
-    d = MsprobeDump(tmp_path, level=level)
-    record_lstm(d, lstm, _x((5, 3, 5)), hx, perturb=_perturber((entry, key), hit))
-    d.write()
+    _write(tmp_path, lstm, _x((5, 3, 5)), hx, perturb=_perturber((entry, key), hit), level=level)
     reports = check_dump(tmp_path, rule=rule)  # no --no-dropout: one element is no dropout
     assert exit_status(reports) == 1
     (rep,) = reports
@@ -202,9 +205,7 @@ def test_one_perturbed_element_is_found_and_located(tmp_path, which: str, rule: 
 def test_training_with_dropout_judges_layer0_and_says_why(tmp_path):
     lstm = _lstm(L=3, dropout=0.3)
     lstm.train()
-    d = MsprobeDump(tmp_path, level="L1")
-    record_lstm(d, lstm, _x((5, 3, 5)))
-    d.write()
+    _write(tmp_path, lstm, _x((5, 3, 5)))
     (rep,) = check_dump(tmp_path)
     judged = _judged(rep)
     assert set(judged) == {"h_n", "c_n"} and all(r.shape[0] == 1 for r in judged.values())
@@ -215,9 +216,7 @@ def test_training_with_dropout_judges_layer0_and_says_why(tmp_path):
 
 
 def test_module_without_dropout_is_judged_whole(tmp_path):
-    d = MsprobeDump(tmp_path, level="L0")
-    record_lstm(d, _lstm(L=2), _x((5, 3, 5)))
-    d.write()
+    _write(tmp_path, _lstm(L=2), _x((5, 3, 5)), level="L0")
     (rep,) = check_dump(tmp_path)
     assert rep.verdict == "passed"
     assert {"y", "h_n", "c_n", "dx", "weight_ih_l1"} <= set(_judged(rep))
@@ -227,9 +226,7 @@ def test_module_without_dropout_is_judged_whole(tmp_path):
 def test_module_trained_with_dropout_is_undecided_above_layer0(tmp_path):
     lstm = _lstm(L=2, dropout=0.5)
     lstm.train()
-    d = MsprobeDump(tmp_path, level="L0")
-    record_lstm(d, lstm, _x((5, 3, 5)))
-    d.write()
+    _write(tmp_path, lstm, _x((5, 3, 5)), level="L0")
     (rep,) = check_dump(tmp_path)
     undecided = {r.label for r in rep.rows if r.status == "undecided"}
     assert {"y", "h_n", "c_n", "dx", "weight_ih_l1"} <= undecided
@@ -243,9 +240,7 @@ def test_module_trained_with_dropout_is_undecided_above_layer0(tmp_path):
 
 def test_module_batch_first_cannot_be_told_when_T_equals_B(tmp_path):
     lstm = _lstm(batch_first=True)
-    d = MsprobeDump(tmp_path, level="L0")
-    record_lstm(d, lstm, _x((4, 4, 5)))
-    d.write()
+    _write(tmp_path, lstm, _x((4, 4, 5)), level="L0")
     (rep,) = check_dump(tmp_path)
     assert rep.verdict == "skipped" and "T == B" in rep.skipped
     assert exit_status([rep]) == 2  # nothing checked

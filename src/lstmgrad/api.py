@@ -68,18 +68,18 @@ def check_memory(fn: str, need: int, results_only: bool = False) -> None:
 
 
 def _need(fn: str, call: ForwardCall | BackwardCall, arena: Arena | None, gemm: Gemm,
-          plan: Plan, forward: bool, given: int = 0) -> None:  # fmt: skip
+          plan: Plan, forward: bool, given: int = 0, results: int | None = None) -> None:  # fmt: skip
     """The fused engine's memory need of ``call`` under ``plan`` checked against what is
-    available: its results (less ``given`` bytes of them the caller allocated) and
-    conversions, plus the scratch beyond the calling thread's kept buffer (none with a caller's
-    workspace)."""
+    available: its results (less ``given`` bytes of them the caller allocated; ``results``:
+    their bytes where the caller has them already) and conversions, plus the scratch beyond
+    the calling thread's kept buffer (none with a caller's workspace)."""
     if forward:
         assert isinstance(call, ForwardCall)
-        need = fused.forward_bytes(call, gemm, plan) - given
+        need = fused.forward_bytes(call, gemm, plan) - given if results is None else results
         slots = fused.forward_workspace_slots(call.dims, call.dtype, gemm, plan)
     else:
         assert isinstance(call, BackwardCall)
-        need = fused.backward_bytes(call, gemm, plan)
+        need = fused.backward_bytes(call, gemm, plan) if results is None else results
         slots = fused.backward_workspace_slots(call.dims, call.dtype, gemm, plan)
     if arena is None:
         need += max(workspace_bytes(slots) - scratch_held(), 0)
@@ -97,12 +97,14 @@ def run_backward(
     Raises:
         LstmMemoryError: (code 561103) the fused engine would need more memory than available.
     """
+    results = None
     if impl == "fused" and any(call.need):  # the results alone, before a plan is measured
-        need = fused.backward_bytes(call, gemm or NUMPY_GEMM, SAFE)
-        check_memory("lstm_backward", need, results_only=True)
+        # (the backward's results do not depend on the plan: counted once for both checks)
+        results = fused.backward_bytes(call, gemm or NUMPY_GEMM, SAFE)
+        check_memory("lstm_backward", results, results_only=True)
     args = _engine_args(impl, call, gemm)
     if args and any(call.need):
-        _need("lstm_backward", call, arena, **args, forward=False)
+        _need("lstm_backward", call, arena, **args, forward=False, results=results)
     start = time.perf_counter()
     try:
         dx, dh_prev, dc_prev, dparams = ENGINES[impl].lstm_backward(call, arena, **args)
@@ -140,8 +142,7 @@ def run_forward(
         check_memory("lstm_forward", need, results_only=True)
     args = _engine_args(impl, call, gemm)
     if args:
-        _need("lstm_forward", call, arena, **args, forward=True,
-              given=0 if saved_into is None else saved_into.nbytes)  # fmt: skip
+        _need("lstm_forward", call, arena, **args, forward=True, given=given)
         if saved_into is not None:
             args["saved_into"] = saved_into
     start = time.perf_counter()

@@ -10,7 +10,6 @@ rule and a bound growing with each output's accumulation length.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from .api import lstm_backward
 from .contract import LstmBackwardResult, check_backward
 from .errors import LstmArgumentError, torch_missing
 from .layout import num_params, param_name
+from .metrics import BOUND_FACTOR, bound
 from .tensors import from_torch
 
 SAVED = ("i", "g", "f", "o", "h", "c", "tanhc")
@@ -34,7 +34,6 @@ KEY_OF = {
 }  # fmt: skip
 # assertRtolEqual: tolerated fraction and error (prec) and the denominator's floor, per dtype
 RTOL_PREC = {"float16": (1e-3, 6e-8), "float32": (1e-4, 1e-9), "float64": (1e-4, 1e-9)}
-BOUND_FACTOR = 4.0  # c in c * eps * sqrt(K) * (|ref| + rms(ref)); docs/check.md#the-two-rules
 
 
 class DumpError(ValueError):
@@ -333,13 +332,6 @@ def rtol_rule(device: np.ndarray, expected: np.ndarray, dtype: str) -> tuple[flo
     return n_off / size, not n_off > x.size * prec, prec
 
 
-def bound(reference: np.ndarray, dtype: str, accumulation: int, factor: float) -> np.ndarray:
-    """Per-element tolerance c * eps(dtype) * sqrt(K) * (|ref| + rms(ref))."""
-    eps = float(np.finfo(np.dtype(dtype)).eps)
-    rms = float(np.sqrt(np.mean(np.square(reference)))) if reference.size else 0.0
-    return factor * eps * math.sqrt(max(accumulation, 1)) * (np.abs(reference) + rms)
-
-
 def _locate(key: str, index: tuple[int, ...], meta: dict[str, Any]) -> str:
     """Where an element of an output sits: (layer, direction, step, batch row) and column."""
     d = meta["D"]
@@ -461,18 +453,19 @@ def check(path: str | Path, factor: float = BOUND_FACTOR, top: int = 3) -> Check
     return CheckReport(dtype, shape, reports, d.ignored)
 
 
+def to_float64(v: Any) -> Any:
+    """A float64 copy of a floating-point array, or of each in a list; anything else as is."""
+    if isinstance(v, list):
+        return [to_float64(e) for e in v]
+    if isinstance(v, np.ndarray) and v.dtype.kind == "f":
+        return v.astype(np.float64)
+    return v
+
+
 def _reference(d: Dump) -> LstmBackwardResult:
     """The float64 reference on float64 copies of the dump's floating-point values."""
-
-    def up(v: Any) -> Any:
-        if isinstance(v, list):
-            return [up(e) for e in v]
-        if isinstance(v, np.ndarray) and v.dtype.kind == "f":
-            return v.astype(np.float64)
-        return v
-
-    kwargs = {k: up(v) for k, v in d.kwargs.items()}
-    return lstm_backward(*(up(a) for a in d.args), **kwargs, impl="reference")
+    kwargs = {k: to_float64(v) for k, v in d.kwargs.items()}
+    return lstm_backward(*(to_float64(a) for a in d.args), **kwargs, impl="reference")
 
 
 def _output(d: Dump, key: str, expected: Any, dtype: np.dtype) -> Any:

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import metrics
 from .api import lstm_backward, lstm_forward
+from .check import to_float64
 from .errors import LstmArgumentError
 from .layout import num_params, param_name
 
@@ -144,14 +145,6 @@ class CallReport:
 # --------------------------------------------------------------------------- recomputation
 
 
-def _up(v: Any) -> Any:
-    if isinstance(v, list):
-        return [_up(e) for e in v]
-    if isinstance(v, np.ndarray) and v.dtype.kind == "f":
-        return v.astype(np.float64)
-    return v
-
-
 def round_bf16(a: np.ndarray) -> np.ndarray:
     """float32 values rounded to the nearest bfloat16 (ties to even), kept as float32."""
     a = np.ascontiguousarray(a, dtype=np.float32)
@@ -190,7 +183,7 @@ class _Results:
 
 def _run(case: Case, impl: str, want_backward: bool) -> _Results:
     """One engine's results by label, in lstmgrad's layout."""
-    conv = _up if impl == "reference" else (lambda v: _in_dtype(v, case.dtype))
+    conv = to_float64 if impl == "reference" else (lambda v: _in_dtype(v, case.dtype))
     flags: dict[str, Any] = {
         "has_bias": case.has_bias, "num_layers": case.num_layers,
         "bidirectional": case.bidirectional, "batch_first": case.batch_first,

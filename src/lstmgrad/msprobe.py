@@ -32,6 +32,9 @@ from .metrics import BOUND_FACTOR
 
 API_FORWARD = re.compile(r"^(VF|Torch|Aten)\.lstm(\.[A-Za-z_]\w*)?\.(\d+)\.forward$")
 MODULE_FORWARD = re.compile(r"^Module\.(.+)\.LSTM\.forward\.(\d+)$")
+API_BACKWARD = re.compile(r"^(VF|Torch|Aten)\.lstm(\.[A-Za-z_]\w*)?\.(\d+)\.backward$")
+MODULE_BACKWARD = re.compile(r"^Module\.(.+)\.LSTM\.backward\.(\d+)$")
+PARAMETERS_GRAD = re.compile(r"^Module\.(.+)\.LSTM\.parameters_grad(\.\d+)?$")
 NPU_LSTM = re.compile(r"^NPU\.npu_lstm\w*\.(\d+)\.forward$")
 PARAM_NAME = re.compile(r"^(weight|bias)_(ih|hh|hr)_l(\d+)(_reverse)?$")
 NPU_LSTM_REASON = (
@@ -245,10 +248,12 @@ def lstm_calls(dump_json: Path, *, no_dropout: bool = False, label: str = "") ->
     folder = tensor_folder(dump_json, doc)
     src = label or str(dump_json)
     module_calls: dict[str, int] = {}
+    grads_of: dict[str, list[str]] = {}  # module path -> its parameters_grad entries
     for name in data:
-        m = MODULE_FORWARD.match(name)
-        if m:
+        if m := MODULE_FORWARD.match(name):
             module_calls[m.group(1)] = module_calls.get(m.group(1), 0) + 1
+        elif m := PARAMETERS_GRAD.match(name):
+            grads_of.setdefault(m.group(1), []).append(name)
     forwards = set()
     for name, entry in data.items():
         if NPU_LSTM.match(name):
@@ -261,22 +266,21 @@ def lstm_calls(dump_json: Path, *, no_dropout: bool = False, label: str = "") ->
         try:
             if not isinstance(entry, dict):
                 raise Unreadable(f"{name}: entry is {type(entry).__name__}, not an object")
+            back = _backward_name(name)
             if api:
-                back = name[: -len("forward")] + "backward"
                 yield _found(name, src, _api_case(name, entry, data.get(back), back, folder, src))
             else:
                 assert mod is not None
                 path, n = mod.group(1), mod.group(2)
-                back = f"Module.{path}.LSTM.backward.{n}"
+                recorded = grads_of.get(path, [])
                 grads_name = next((g for g in (f"Module.{path}.LSTM.parameters_grad.{n}",
                                                f"Module.{path}.LSTM.parameters_grad") if g in data),
                                   f"Module.{path}.LSTM.parameters_grad")  # fmt: skip
                 grads = data.get(grads_name) if module_calls.get(path) == 1 else None
                 case = _module_case(name, entry, data.get(back), back, grads, grads_name,
                                     folder, src, no_dropout)  # fmt: skip
-                several = [g for g in data if g.startswith(f"Module.{path}.LSTM.parameters_grad")]
-                if module_calls.get(path, 0) > 1 and several:
-                    case.notes.append(f"{several[0]}: the module ran {module_calls[path]} times, "
+                if module_calls.get(path, 0) > 1 and recorded:
+                    case.notes.append(f"{recorded[0]}: the module ran {module_calls[path]} times, "
                                       "and its recorded parameter gradients accumulate over the "
                                       "calls: not judged per call")  # fmt: skip
                 yield _found(name, src, case)
@@ -291,16 +295,29 @@ def lstm_calls(dump_json: Path, *, no_dropout: bool = False, label: str = "") ->
                     "recomputed without them)"))  # fmt: skip
             else:
                 yield Found(name, src, "module" if mod else "api", unreadable=str(exc))
+    paired = {_backward_name(f) for f in forwards}
     for name in data:
-        if re.match(r"^(VF|Torch|Aten)\.lstm(\.[A-Za-z_]\w*)?\.\d+\.backward$", name) or \
-                re.match(r"^Module\..+\.LSTM\.backward\.\d+$", name):  # fmt: skip
-            fwd = (name[: -len("backward")] + "forward") if name.endswith("backward") else \
-                name.replace(".LSTM.backward.", ".LSTM.forward.")  # fmt: skip
-            if fwd not in forwards:
-                yield Found(name, src, "backward only", skipped=(
-                    f"its forward entry {fwd} is not in the dump, so the call's inputs are "
-                    "unknown (dump the forward too: scope or step settings may have left it "
-                    "out)"))  # fmt: skip
+        if (API_BACKWARD.match(name) or MODULE_BACKWARD.match(name)) and name not in paired:
+            fwd = _forward_name(name)
+            yield Found(name, src, "backward only", skipped=(
+                f"its forward entry {fwd} is not in the dump, so the call's inputs are "
+                "unknown (dump the forward too: scope or step settings may have left it "
+                "out)"))  # fmt: skip
+
+
+def _backward_name(forward: str) -> str:
+    """``VF.lstm.0.forward`` -> ``VF.lstm.0.backward``; ``Module.p.LSTM.forward.0`` ->
+    ``Module.p.LSTM.backward.0``."""
+    if forward.endswith(".forward"):
+        return forward[: -len("forward")] + "backward"
+    return forward.replace(".LSTM.forward.", ".LSTM.backward.")
+
+
+def _forward_name(backward: str) -> str:
+    """The inverse of :func:`_backward_name`."""
+    if backward.endswith(".backward"):
+        return backward[: -len("backward")] + "forward"
+    return backward.replace(".LSTM.backward.", ".LSTM.forward.")
 
 
 def _found(name: str, src: str, case: Case) -> Found:
@@ -803,9 +820,7 @@ def kernel_cases(folder: str | Path, kind: str, cfg: KernelConfig) -> Iterator[F
             outs = _ordered(files["output"], prefix, "output")
             build = _kernel_backward if kind == "backward" else _kernel_forward
             yield Found(prefix, str(p), f"aclnn {kind}", build(prefix, str(p), ins, outs, cfg))
-        except Unavailable as exc:
-            yield Found(prefix, str(p), f"aclnn {kind}", unreadable=str(exc))
-        except Unreadable as exc:
+        except (Unavailable, Unreadable) as exc:
             yield Found(prefix, str(p), f"aclnn {kind}", unreadable=str(exc))
 
 

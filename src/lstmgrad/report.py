@@ -122,21 +122,23 @@ def _unjudged(rep: CallReport) -> str:
     return problems[0] if problems else "nothing in it could be judged"
 
 
+_REASONS = {  # a marker in a reason -> how the summary counts it
+    "tensor file": "tensor file missing",
+    "holds a tensor saved on an Ascend NPU": "NPU tensors need torch_npu",
+    "statistics only": "statistics only: a golden needs task 'tensor'",
+    "torch_npu's own LSTM op": "NPU.npu_lstm: argument layout unknown",
+    "its forward entry": "backward without its forward",
+    "not readable as JSON": "dump.json unreadable",
+}
+
+
 def _short(text: str | None) -> str:
     """A reason without the call's own names, so that equal reasons count together."""
     t = (text or "").split(" (")[0]
-    if len(t) > 80:
-        t = t[:80].rsplit(" ", 1)[0] + " ..."
-    for marker in ("tensor file", "holds a tensor saved on an Ascend NPU", "statistics only",
-                   "torch_npu's own LSTM op", "its forward entry", "not readable as JSON"):  # fmt: skip
+    for marker, reason in _REASONS.items():
         if marker in t:
-            return {"tensor file": "tensor file missing",
-                    "holds a tensor saved on an Ascend NPU": "NPU tensors need torch_npu",
-                    "statistics only": "statistics only: a golden needs task 'tensor'",
-                    "torch_npu's own LSTM op": "NPU.npu_lstm: argument layout unknown",
-                    "its forward entry": "backward without its forward",
-                    "not readable as JSON": "dump.json unreadable"}[marker]  # fmt: skip
-    return t
+            return reason
+    return t if len(t) <= 80 else t[:80].rsplit(" ", 1)[0] + " ..."
 
 
 def exit_status(reports: list[CallReport]) -> int:
