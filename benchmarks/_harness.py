@@ -130,7 +130,7 @@ def busy_s() -> float:
 
 def probe_machine() -> dict:
     """CPU counts, and from one child process per library (``python _harness.py probe numpy``:
-    ``lstmgrad.bench.probe``), so that one BLAS runtime's threads cannot slow the other's, its
+    ``lstmgrad.tools.bench.probe``), so that one BLAS runtime's threads cannot slow the other's, its
     version, threads, thread pools and measured float32 GEMM peak (or ``{"error": ...}``)."""
     out: dict[str, Any] = {"cpu_count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0))}
     for lib in ("numpy", "torch"):
@@ -394,6 +394,6 @@ def run_main(main: Callable[[], int]) -> None:
 
 
 if __name__ == "__main__":  # probe child: python _harness.py probe numpy|torch [dtype ...]
-    from lstmgrad.bench import probe
+    from lstmgrad.tools.bench import probe
 
     print(json.dumps(probe(sys.argv[2], tuple(sys.argv[3:]), 1.0, 15)))

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="lstmgrad-default-plan-"))
     by_name = {s.id: s for s in SHAPES}
-    out = {"load": os.getloadavg(), "cpu": lstmgrad.machine.cpu_model(), "shapes": {}}
+    out = {"load": os.getloadavg(), "cpu": lstmgrad.core.machine.cpu_model(), "shapes": {}}
     print(f"{'shape':9s} {'off ms':>9s} {'default ms':>11s} {'measured ms':>12s}  off/measured"
           "  default/measured")  # fmt: skip
     for name in args.shapes.split(","):

@@ -52,7 +52,7 @@ def ratio(a: list[float], b: list[float]) -> float:
 
 
 def header() -> str:
-    from lstmgrad.machine import cpu_model, visible_cpus
+    from lstmgrad.core.machine import cpu_model, visible_cpus
 
     libs = ", ".join(f"{m} {sys.modules[m].__version__}" for m in ("torch", "numba"))
     return f"cpu {cpu_model()}; {visible_cpus()} usable CPUs; {libs}"
@@ -168,7 +168,7 @@ def memory(args: argparse.Namespace) -> dict | None:
     if args.child:  # the child's JSON line is read by _memory_run
         print(json.dumps(memory_child(*args.child)), flush=True)
         return None
-    from lstmgrad.machine import cpu_model
+    from lstmgrad.core.machine import cpu_model
 
     results = []
     for config in args.configs.split(","):
@@ -245,7 +245,7 @@ def scaling(args: argparse.Namespace) -> dict:
     import torch
     import worker
 
-    from lstmgrad.machine import visible_cpus
+    from lstmgrad.core.machine import visible_cpus
 
     def set_threads(n: int) -> None:
         torch.set_num_threads(n)
@@ -295,7 +295,6 @@ def _lowp_pair(shape: str, mode: str) -> dict[str, Item]:
     """Both modules with the same weights (``proj``: torch's with proj_size = H / 2, lstmgrad's
     without) and one step each: zero_grad, forward, a float32 sum of the outputs, backward."""
     import torch
-
     from lstmgrad.nn import LSTM
 
     t, b, i, h, layers, bi = LOWP_SHAPES[shape]

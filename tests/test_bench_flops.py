@@ -59,7 +59,7 @@ def test_unknown_part_is_rejected():
 
 
 def test_the_packaged_bench_counts_the_same():
-    from lstmgrad.bench import flops
+    from lstmgrad.tools.bench import flops
 
     for sh in (BY_ID["med-6"], BY_ID["small-2"], BY_ID["large-1"]):
         dims = (sh.T, sh.B, sh.I, sh.H, sh.L, sh.D)

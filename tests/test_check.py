@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import lstmgrad
-from lstmgrad import check
-from lstmgrad.cli import main
-from lstmgrad.errors import LstmInvalidArgumentError
+from lstmgrad.core.errors import LstmInvalidArgumentError
+from lstmgrad.tools import check
+from lstmgrad.tools.cli import main
 
 T, B, I, H = 6, 4, 5, 3
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import lstmgrad.demo
-from lstmgrad.cli import main
+import lstmgrad.tools.demo
+from lstmgrad.tools.cli import main
 
 
 def test_demo_runs_as_module_and_passes():
@@ -36,9 +36,9 @@ def test_help_lists_the_commands(capsys):
 
 
 def test_demo_exits_non_zero_when_a_check_fails(monkeypatch):
-    monkeypatch.setattr(lstmgrad.demo, "SAMPLE_DC_PREV", 1.9)
+    monkeypatch.setattr(lstmgrad.tools.demo, "SAMPLE_DC_PREV", 1.9)
     buf = io.StringIO()
-    assert lstmgrad.demo.run_demo(use_torch=False, out=buf) is False
+    assert lstmgrad.tools.demo.run_demo(use_torch=False, out=buf) is False
     assert "FAIL" in buf.getvalue()
     assert main(["demo", "--no-torch"]) == 1
 
@@ -93,7 +93,7 @@ def test_bench_rejects_a_bad_shape(capsys):
     ],
 )
 def test_bench_quick_picks_fewer_shapes_and_rounds(monkeypatch, argv, shapes, rounds):
-    import lstmgrad.bench
+    import lstmgrad.tools.bench
 
     seen = {}
 
@@ -101,8 +101,8 @@ def test_bench_quick_picks_fewer_shapes_and_rounds(monkeypatch, argv, shapes, ro
         seen.update(shapes=list(got_shapes), rounds=got_rounds)
         return {"machine": {}, "config": {}, "results": []}
 
-    monkeypatch.setattr(lstmgrad.bench, "run", run)
-    monkeypatch.setattr("lstmgrad.cli._bench_tables", lambda doc: "")
+    monkeypatch.setattr(lstmgrad.tools.bench, "run", run)
+    monkeypatch.setattr("lstmgrad.tools.cli._bench_tables", lambda doc: "")
     assert main(["bench", *argv]) == 0
     assert seen == {"shapes": shapes, "rounds": rounds}
 
@@ -171,7 +171,7 @@ def test_the_benchmark_scripts_end_quietly_on_a_closed_pipe(tmp_path):
 
 @pytest.mark.parametrize("busy", [False, True])
 def test_tune_says_what_it_stored_and_fails_when_nothing(tmp_path, monkeypatch, capsys, busy):
-    from lstmgrad import plan
+    from lstmgrad.planning import plan
 
     monkeypatch.setenv("LSTMGRAD_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("LSTMGRAD_TUNE", "on")

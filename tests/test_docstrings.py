@@ -7,12 +7,12 @@ import importlib
 
 import pytest
 
-MODULES = ["lstmgrad.api", "lstmgrad.torch_ops", "lstmgrad.nn"]
+MODULES = ["lstmgrad.ops.api", "lstmgrad.torch_ops", "lstmgrad.nn"]
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
-    if name != "lstmgrad.api":
+    if name != "lstmgrad.ops.api":
         pytest.importorskip("torch")
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

@@ -1312,7 +1312,7 @@ def test_backward_errors_before_computation(
     make_bad: Callable[[BackwardCase], dict[str, Any]],
 ) -> None:
     snapshot = {n: [a.copy() for a in v] for n, v in dense.args.items() if isinstance(v, list)}
-    for engine in lstmgrad.api.ENGINES.values():
+    for engine in lstmgrad.ops.api.ENGINES.values():
         monkeypatch.setattr(engine, "lstm_backward", _boom)
     _assert_reaches_engine(dense.call)
     with pytest.raises(LstmArgumentError):
@@ -1335,7 +1335,7 @@ BAD_FORWARD: list[tuple[str, dict[str, Any]]] = [
 def test_forward_errors_before_computation(
     forward: ForwardCase, monkeypatch: pytest.MonkeyPatch, bad: dict[str, Any]
 ) -> None:
-    for engine in lstmgrad.api.ENGINES.values():
+    for engine in lstmgrad.ops.api.ENGINES.values():
         monkeypatch.setattr(engine, "lstm_forward", _boom)
     _assert_reaches_engine(forward.call)
     with pytest.raises(LstmArgumentError):

@@ -14,9 +14,9 @@ import pytest
 
 import lstmgrad
 from lstmgrad import fused
-from lstmgrad.api import run_backward, run_forward
-from lstmgrad.contract import check_backward, check_forward
-from lstmgrad.workspace import Arena, workspace_bytes
+from lstmgrad.core.contract import check_backward, check_forward
+from lstmgrad.core.workspace import Arena, workspace_bytes
+from lstmgrad.ops.api import engine_plan, run_backward, run_forward
 
 # float32 / float16 results of the fused engine vs the reference, relative to the largest
 # magnitude of each output (float16: a few float16 steps; both round to float16 at the end).
@@ -66,7 +66,13 @@ def fused_backward(c, output_mask=None):
         True, c["kw"]["bidirectional"], c["kw"]["batch_first"], output_mask, None,
     )  # fmt: skip
     return run_backward(
-        call, nan_arena(fused.backward_workspace_slots(call.dims, call.dtype)), "fused"
+        call,
+        nan_arena(
+            fused.backward_workspace_slots(
+                call.dims, call.dtype, engine_plan(call.dims, call.dtype)
+            )
+        ),
+        "fused",
     )
 
 
@@ -76,7 +82,11 @@ def fused_forward(c):
         c["kw"]["num_layers"], 0.0, True, c["kw"]["bidirectional"], c["kw"]["batch_first"], None,
     )  # fmt: skip
     return run_forward(
-        call, nan_arena(fused.forward_workspace_slots(call.dims, call.dtype)), "fused"
+        call,
+        nan_arena(
+            fused.forward_workspace_slots(call.dims, call.dtype, engine_plan(call.dims, call.dtype))
+        ),
+        "fused",
     )
 
 

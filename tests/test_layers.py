@@ -1,7 +1,8 @@
 """The package's layers as docs/design.md draws them: every import inside src/lstmgrad (at module
 level or inside a function) goes to the same layer or one below, but for the arrows listed in
-KNOWN_UP with their reason; reference/ and fused/ never import each other; nothing below
-torch_ops.py imports torch at module level (the core runs without it)."""
+KNOWN_UP with their reason; no import cycle; reference/ and fused/ never import each other; the
+engines import nothing from planning/; nothing below pytorch/ imports torch at module level
+(the core runs without it)."""
 
 from __future__ import annotations
 
@@ -13,21 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "lstmgrad"
 
-# upward arrows that exist today, each with its reason; a new one fails the test, and one that
-# disappears must be taken off this list
-KNOWN_UP = {
-    ("plan", "tune"): "a plan asks for a measurement of a class not seen yet",
-    ("tune", "api"): "the tuner times candidates through the public entry points",
-    ("tune", "tensors"): "the tuner times torch's GEMM back end",
-    ("tune", "fused.lstm"): "the tuner runs the engine's passes",
-    ("tune", "fused.walks"): "the tuner times the walks and asks for their threads",
-    ("tune", "fused.kernels"): "the tuner times the kernels' products",
-    ("tune", "fused.half"): "the tuner times the float16 conversions",
-    ("gemm", "fused.kernels"): "the NumPy back end's loop product and transposes are kernels",
-    ("gemm", "fused.walks"): "the NumPy back end's transposes run on the walks' threads",
-    ("fused.half", "fused.walks"): "the conversions run on the walks' threads",
-    ("plan", "fused.walks"): "a plan's thread counts are capped by the walks' threads",
-}
+# upward arrows allowed, each with its reason: none today (a new one fails the test)
+KNOWN_UP: dict[tuple[str, str], str] = {}
 
 
 def _layers() -> dict[str, int]:
@@ -126,7 +114,7 @@ def test_reference_and_fused_never_import_each_other():
 
 
 def test_nothing_below_torch_ops_imports_torch_at_module_level():
-    floor = LAYERS["torch_grad"]
+    floor = LAYERS["pytorch.torch_grad"]
     for path in FILES:
         me = _module(path)
         if _layer(me) is None or _layer(me) <= floor:
@@ -134,3 +122,61 @@ def test_nothing_below_torch_ops_imports_torch_at_module_level():
         tree = ast.parse(path.read_text())
         bad = [n.lineno for n in tree.body if _is_torch_import(n)]
         assert not bad, f"{me} imports torch at module level (lines {bad})"
+
+
+def test_no_import_cycles():
+    graph = {_module(p): {t for t, _, _ in _imports(p) if t != _module(p)} for p in FILES}
+    cycles = []
+
+    def visit(node: str, path: list[str], on_path: set[str], done: set[str]) -> None:
+        if node in on_path:
+            cycles.append(path[path.index(node) :] + [node])
+            return
+        if node in done:
+            return
+        on_path.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, path + [nxt], on_path, done)
+        on_path.discard(node)
+        done.add(node)
+
+    done: set[str] = set()
+    for start in sorted(graph):
+        visit(start, [start], set(), done)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_engines_import_nothing_from_planning_or_above():
+    for path in FILES:
+        me = _module(path)
+        if not me.startswith(("fused", "reference")):
+            continue
+        for target, line, _ in _imports(path):
+            assert not target.startswith(("planning", "ops", "pytorch", "tools")), (
+                f"{me}:{line} imports {target}"
+            )
+
+
+def test_only_the_api_asks_for_a_plan():
+    callers = []
+    for path in FILES:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                if name == "plan_for":
+                    callers.append(_module(path))
+    assert set(callers) == {"ops.api"}, callers
+
+
+def test_old_module_names_import_as_the_same_modules():
+    import importlib
+
+    import lstmgrad
+
+    for old, package in lstmgrad.MOVED.items():
+        if not (SRC / package / f"{old}.py").exists():
+            continue
+        legacy = importlib.import_module(f"lstmgrad.{old}")
+        assert legacy is importlib.import_module(f"lstmgrad.{package}.{old}"), old

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 import lstmgrad
-from lstmgrad import aclnn, api, machine
-from lstmgrad.errors import ACLNN_ERR_INNER, LstmMemoryError
-from lstmgrad.workspace import release_memory
+from lstmgrad import aclnn
+from lstmgrad.core import machine
+from lstmgrad.core.errors import ACLNN_ERR_INNER, LstmMemoryError
+from lstmgrad.core.workspace import release_memory
+from lstmgrad.ops import api
 
 T, B, I, H, L = 6, 3, 4, 5, 2
 
@@ -104,7 +106,7 @@ def test_recompute_mode_checks_its_own_arrays(monkeypatch):
 
     x, params = _args()
     _probe(monkeypatch, 100)
-    with pytest.raises(LstmMemoryError, match=r"lstmgrad.recompute: needs \d+ bytes"):
+    with pytest.raises(LstmMemoryError, match=r"lstmgrad.ops.recompute: needs \d+ bytes"):
         lstm(torch.from_numpy(x), [torch.from_numpy(p) for p in params], num_layers=L,
              bidirectional=True, recompute=2)  # fmt: skip
 
@@ -138,14 +140,15 @@ def test_output_alone_does_not_pin_the_saved_activations():
 def test_inference_keeps_one_set_of_activations():
     """Without train the forward allocates the activations of the (layer, direction) being
     walked only, not of every one."""
-    from lstmgrad.contract import check_forward
+    from lstmgrad.core.contract import check_forward
     from lstmgrad.fused import forward_bytes
+    from lstmgrad.fused.plan import SAFE
 
     x, params = _args()
     calls = [check_forward("t", x, params, None, None, True, L, 0.0, train, True, False, None)
              for train in (True, False)]  # fmt: skip
     act = T * B * H * 8
-    saved_train, saved_infer = (forward_bytes(c) for c in calls)
+    saved_train, saved_infer = (forward_bytes(c, SAFE) for c in calls)
     assert saved_train - saved_infer >= 7 * (2 * L - 2) * act
 
 

@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from lstmgrad import metrics
-from lstmgrad.cli import main
-from lstmgrad.msprobe import check_dump
-from lstmgrad.report import exit_status, summary
+from lstmgrad.tools import metrics
+from lstmgrad.tools.cli import main
+from lstmgrad.tools.msprobe import check_dump
+from lstmgrad.tools.report import exit_status, summary
 from msprobe_writer import (
     MsprobeDump,
     add_npu_lstm,
@@ -487,7 +487,7 @@ def test_kernel_level_files(tmp_path, kind: str, L: int, D: int, bias: bool) -> 
     assert main(["check", str(tmp_path / "ok"), f"--aclnn-{kind}"]) == 0
     n_out = 3 + L * D * (4 if bias else 2) if kind == "backward" else 3 + 7 * L * D
     _kernel_dump(tmp_path / "bad", kind, L, D, bias, perturb=n_out - 1)
-    from lstmgrad.msprobe import KernelConfig, check_kernel
+    from lstmgrad.tools.msprobe import KernelConfig, check_kernel
 
     (rep,) = check_kernel(tmp_path / "bad", kind, KernelConfig())
     assert rep.verdict == "failed"
@@ -500,7 +500,7 @@ def test_kernel_level_stacked_saved_lists(tmp_path, kind: str) -> None:
     assert main(["check", str(tmp_path / "ok"), f"--aclnn-{kind}"]) == 0
     if kind == "forward":  # the last stacked list (tanhc) with one wrong element
         _kernel_dump(tmp_path / "bad", kind, stacked=True, perturb=9)
-        from lstmgrad.msprobe import KernelConfig, check_kernel
+        from lstmgrad.tools.msprobe import KernelConfig, check_kernel
 
         (rep,) = check_kernel(tmp_path / "bad", kind, KernelConfig())
         assert [r.label for r in rep.rows if r.failed] == ["tanhc.3"]
@@ -594,7 +594,7 @@ def test_lstmgrad_dump_file_messages(tmp_path, capsys):
 def test_check_measures_no_plans_and_leaves_the_environment_alone(perturbed_dump, monkeypatch):
     import os
 
-    from lstmgrad import plan
+    from lstmgrad.planning import plan
 
     monkeypatch.delenv("LSTMGRAD_TUNE", raising=False)
     seen = []

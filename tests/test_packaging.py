@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import lstmgrad
-from lstmgrad.errors import TORCH_INSTALL
+from lstmgrad.core.errors import TORCH_INSTALL
 
 ROOT = Path(__file__).resolve().parent.parent
 # run first in the child: every `import torch` then fails as if PyTorch were not installed
@@ -39,9 +39,9 @@ def run_without_torch(code: str, **env: str) -> subprocess.CompletedProcess[str]
     [
         ("from lstmgrad.nn import LSTM", "lstmgrad.nn"),
         ("import lstmgrad.torch_ops", "lstmgrad.torch_ops"),
-        ("from lstmgrad.cli import main; sys.exit(main(['bench']))", "lstmgrad bench"),
+        ("from lstmgrad.tools.cli import main; sys.exit(main(['bench']))", "lstmgrad bench"),
         (
-            "from lstmgrad.cli import main; sys.exit(main(['tune', '--shape', '5,2,3,4']))",
+            "from lstmgrad.tools.cli import main; sys.exit(main(['tune', '--shape', '5,2,3,4']))",
             "lstmgrad tune --input tensors",
         ),
     ],  # fmt: skip
@@ -58,7 +58,7 @@ def test_a_torch_feature_without_torch_names_the_install_command(code, feature):
 def test_tune_show_and_reset_work_without_torch(tmp_path):
     """They touch no tensors: --show prints NumPy's store, --reset deletes whatever is stored
     (also a torch store written when PyTorch was installed) and says so truthfully."""
-    main = "from lstmgrad.cli import main; sys.exit(main({}))"
+    main = "from lstmgrad.tools.cli import main; sys.exit(main({}))"
     cache = {"LSTMGRAD_CACHE_DIR": str(tmp_path), "LSTMGRAD_TUNE": "on"}
     for argv in (["tune", "--show"], ["tune"]):
         proc = run_without_torch(main.format(argv), **cache)
@@ -121,7 +121,7 @@ def test_the_wheel_holds_the_package_the_license_and_the_version(tmp_path):
     assert meta["License-Expression"] == "Apache-2.0"
     assert "Typing :: Typed" in meta.get_all("Classifier")
     assert meta["Provides-Extra"] is not None and "torch" in meta.get_all("Provides-Extra")
-    assert "lstmgrad = lstmgrad.cli:main" in entry_points
+    assert "lstmgrad = lstmgrad.tools.cli:main" in entry_points
     # project URLs: real https addresses, no placeholder left to fill in
     urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL") or [])
     assert {"Upstream aclnnLstmBackward", "Upstream aclnnLSTM"} <= set(urls), urls

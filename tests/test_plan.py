@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 import lstmgrad
-from lstmgrad import plan, tune
-from lstmgrad.gemm import NUMPY_GEMM
-from lstmgrad.layout import Dims
-from lstmgrad.plan import SAFE, Plan, forced
+from lstmgrad.core.layout import Dims
+from lstmgrad.fused.gemm import NUMPY_GEMM
+from lstmgrad.ops import api
+from lstmgrad.planning import openmp, plan, tune
+from lstmgrad.planning.plan import SAFE, Plan, forced
 
 TINY = Dims(T=4, B=2, I=3, H=5, L=1, D=1, has_bias=True)
 TINY_BI = dataclasses.replace(TINY, D=2)
@@ -143,10 +144,9 @@ class _FourThreadGemm:
 
 
 def test_feasible_replaces_what_the_call_cannot_run(monkeypatch):
-    from lstmgrad.fused import walks
 
     gemm = _FourThreadGemm()
-    monkeypatch.setattr(walks, "parallel_threads", lambda: 2)
+    monkeypatch.setattr(openmp, "parallel_threads", lambda: 2)
     assert plan.feasible(Plan(threads=8), TINY, np.float32, NUMPY_GEMM).threads <= max(
         1, NUMPY_GEMM.threads()
     )  # never more than the BLAS itself may use
@@ -163,7 +163,7 @@ def test_feasible_replaces_what_the_call_cannot_run(monkeypatch):
     assert not plan.feasible(walking, TINY_BI, np.float32, gemm).walk
     # float16 storage: its activations pass through one scratch, so no pairs
     assert not plan.feasible(wild, TINY_BI, np.float16, gemm).pair_walks
-    monkeypatch.setattr(walks, "parallel_threads", lambda: 1)
+    monkeypatch.setattr(openmp, "parallel_threads", lambda: 1)
     one = plan.feasible(wild, TINY_BI, np.float32, gemm)
     assert one.threads == 1 and not one.pair_walks and one.transpose_threads == 1
 
@@ -221,7 +221,7 @@ def test_budget_carries_unspent_call_time_to_the_next_process(budgeted, monkeypa
 
 
 def test_tune_measures_whatever_the_budget(budgeted):
-    (row,) = tune.tune_shapes([{"T": 4, "B": 2, "I": 3, "H": 5, "L": 1, "D": 1}], "numpy",
+    (row,) = api.tune_shapes([{"T": 4, "B": 2, "I": 3, "H": 5, "L": 1, "D": 1}], "numpy",
                               "float32")  # fmt: skip
     assert row["not_stored"] == "" and row["plan"] != SAFE or list(budgeted.glob("wisdom-*"))
 
@@ -279,23 +279,27 @@ def test_recurrent_method_follows_the_sequence_length():
 
 
 def _scripted_passes(monkeypatch, seconds_of) -> None:
-    """The passes' forward and backward replaced: each adds ``seconds_of(threads, phase)`` to
-    the step loops' seconds the passes collect (fused.lstm.loop_seconds), nothing else."""
+    """The passes' engine calls replaced: the forward and the backward each take
+    ``seconds_of(threads, phase)`` on the clock the passes read (tune.time), nothing else; the
+    engine is called with each candidate's plan, on a back end and OpenMP layer said to have
+    four threads."""
     import types
 
-    from lstmgrad import api
-    from lstmgrad.fused import lstm as fused_lstm
+    clock = [0.0]
+    monkeypatch.setattr(tune, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(openmp, "parallel_threads", lambda: 4)
 
-    def forward(*args, **kwargs):
-        fused_lstm.loop_seconds.get()[0] += seconds_of(plan.overrides()["threads"], 0)
+    def forward(call, arena=None, *, gemm, plan):
+        clock[0] += seconds_of(plan.threads, 0)
         saved = types.SimpleNamespace(**{k: None for k in ("i", "g", "f", "o", "h", "c", "tanhc")})
-        return types.SimpleNamespace(saved=saved)
+        return None, None, None, saved
 
-    def backward(*args, **kwargs):
-        fused_lstm.loop_seconds.get()[1] += seconds_of(plan.overrides()["threads"], 1)
+    def backward(call, arena=None, *, gemm, plan):
+        clock[0] += seconds_of(plan.threads, 1)
 
-    monkeypatch.setattr(api, "lstm_forward", forward)
-    monkeypatch.setattr(api, "lstm_backward", backward)
+    monkeypatch.setattr(tune.fused_lstm, "lstm_forward", forward)
+    monkeypatch.setattr(tune.fused_lstm, "lstm_backward", backward)
+    monkeypatch.setattr(tune, "check_backward", lambda *args: None)
 
 
 def test_close_passes_get_more_rounds(monkeypatch):
@@ -318,8 +322,8 @@ def test_close_passes_get_more_rounds(monkeypatch):
     _scripted_passes(monkeypatch, seconds_of)
     candidates = {"one": {"threads": 1}, "two": {"threads": 2}, "three": {"threads": 3}}
     dims = {"T": 3, "B": 2, "I": 3, "H": 4, "D": 1, "dtype": "float32"}
-    seconds = tune._pass_times(dims, "numpy", candidates)
-    assert seconds == {"one": 0.90, "two": 0.98, "three": 1.50}
+    seconds = tune._pass_times(dims, _FourThreadGemm(), candidates)
+    assert seconds == pytest.approx({"one": 0.90, "two": 0.98, "three": 1.50})
     rounds = tune._PASS_ROUNDS
     assert runs[3] == 2 * (1 + rounds)  # the first run and the common rounds only
     # one extra round each: then "two" (0.98) is past _CLOSE * 0.90 and the rounds stop
@@ -360,30 +364,39 @@ def test_pass_phases_are_paired_within_rounds(monkeypatch):
     candidates = {"one": {"threads": 1}, "two": {"threads": 2}}
     dims = {"T": 3, "B": 2, "I": 3, "H": 4, "D": 1, "dtype": "float32"}
     phases: dict[str, list[float]] = {}
-    seconds = tune._pass_times(dims, "numpy", candidates, phases)
+    seconds = tune._pass_times(dims, NUMPY_GEMM, candidates, phases)
     assert seconds["two"] < seconds["one"]  # its lucky run, as the least of each sees it
     assert phases["two"][0] > phases["one"][0] and phases["two"][1] > phases["one"][1]
     assert phases["two"][1] / phases["one"][1] == pytest.approx(1.1)
 
 
-def test_passes_time_the_step_loops_only():
-    """A real pass: a candidate's seconds are its step loops' (forward + backward), a fraction
-    of its whole run's: a wide input makes the big products, which no candidate changes, take
-    most of the run."""
-    import time
+def test_passes_run_the_engine_with_each_candidates_plan(monkeypatch):
+    """A real pass calls the engine itself with each candidate's plan (made feasible), never the
+    API or the planner: its seconds are the forward's and the backward's, both timed."""
+    from lstmgrad.fused import lstm as fused_lstm
 
-    dims = {"T": 2, "B": 256, "I": 4096, "H": 4, "D": 1, "dtype": "float32"}
-    candidates = {"one": {"threads": 1}, "also": {"threads": 1}}
+    def no_planner(*args, **kwargs):
+        raise AssertionError("the passes asked the planner for a plan")
+
+    monkeypatch.setattr(plan, "plan_for", no_planner)
+    monkeypatch.setattr(api, "engine_plan", no_planner)
+    seen = []
+    forward = fused_lstm.lstm_forward
+
+    def recording(call, arena=None, *, gemm, plan):
+        seen.append(plan)
+        return forward(call, arena, gemm=gemm, plan=plan)
+
+    monkeypatch.setattr(fused_lstm, "lstm_forward", recording)
+    dims = {"T": 3, "B": 4, "I": 8, "H": 4, "D": 2, "dtype": "float32"}
+    candidates = {"one": {"threads": 1}, "walk": {"threads": 1, "walk": True}}
     phases: dict[str, list[float]] = {}
-    seconds = tune._pass_times(dims, "numpy", candidates, phases)
-    t0 = time.perf_counter()
-    tune._pass_times(dims, "numpy", {"one": candidates["one"]})
-    run = (time.perf_counter() - t0) / (2 * (1 + tune._PASS_ROUNDS))  # two runs a round
+    seconds = tune._pass_times(dims, NUMPY_GEMM, candidates, phases)
+    assert {p.walk for p in seen} == {False, True}
     kept = [name for name in candidates if seconds[name] < float("inf")]
     assert kept and set(phases) == set(kept)
     for name in kept:
-        assert all(0 < p for p in phases[name])
-        assert seconds[name] < run / 5
+        assert all(0 < s < float("inf") for s in phases[name])
 
 
 def _scripted_step_measurements(monkeypatch, walk_times) -> dict[str, dict]:
@@ -403,8 +416,8 @@ def _scripted_step_measurements(monkeypatch, walk_times) -> dict[str, dict]:
         return {name: 1.0 for name in candidates}
 
     monkeypatch.setattr(tune, "_pass_times", passes)
-    monkeypatch.setattr("lstmgrad.fused.walks.pairs_available", lambda: True)
-    monkeypatch.setattr("lstmgrad.fused.walks.parallel_threads", lambda: 2)
+    monkeypatch.setattr(openmp, "pairs_available", lambda: True)
+    monkeypatch.setattr(openmp, "parallel_threads", lambda: 2)
     return timed
 
 
@@ -714,7 +727,7 @@ def test_dense_steps_under_every_weight_gradient_layout(layout, t, b, layers, d,
 
 
 def test_tune_command_measures_shows_and_resets(store, capsys):
-    from lstmgrad.cli import main
+    from lstmgrad.tools.cli import main
 
     assert main(["tune", "--shape", "5,2,3,4", "--shape", "3,2,4,4,2,2", "--input", "numpy"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -730,7 +743,7 @@ def test_tune_command_measures_shows_and_resets(store, capsys):
 
 @pytest.mark.parametrize("shape", ["5,2,3", "5,2,3,0", "5,2,3,4,1,3", "a,b,c,d"])
 def test_tune_command_rejects_bad_shapes(store, capsys, shape):
-    from lstmgrad.cli import main
+    from lstmgrad.tools.cli import main
 
     assert main(["tune", "--shape", shape]) == 2
     assert "T,B,I,H[,L[,D]]" in capsys.readouterr().err
@@ -742,7 +755,7 @@ def test_dense_copies_a_transposed_view_on_any_thread_count(shape, dtype):
     """gemm.dense: a C-contiguous array equal to its argument, the array itself where it is
     one, a copy of a transposed view whether the copy runs on one thread or several (the
     recurrent product's preparation, at the plan's transpose_threads)."""
-    from lstmgrad.gemm import dense
+    from lstmgrad.fused.gemm import dense
 
     a = np.random.default_rng(0).standard_normal(shape).astype(dtype)
     assert dense(a) is a and dense(a, 2) is a
@@ -760,8 +773,8 @@ def test_transposing_copy_timed_with_the_product_after_it(monkeypatch):
     delay the next library's threads, which the copy timed alone does not show): in that
     phase every copy is followed by a product, every thread count is timed, and the plan takes
     one of them."""
-    from lstmgrad import tune
     from lstmgrad.fused import walks
+    from lstmgrad.planning import tune
 
     events: list[str] = []
     copy = walks.transpose_cols
@@ -789,7 +802,7 @@ def test_transposing_copy_timed_with_the_product_after_it(monkeypatch):
     cls = {"what": "big", "kind": "numpy", "dtype": "float32", "N": 32, "I": 8, "H": 8}
     entry = tune.measure_big(cls, Recorded())
     phase = events[: events.index("end")]
-    counts = sorted({1, walks.parallel_threads() if walks.pairs_available() else 1})
+    counts = sorted({1, openmp.parallel_threads() if openmp.pairs_available() else 1})
     assert phase[0::2] and all(e.startswith("copy/") for e in phase[0::2])
     assert phase[1::2] == ["product"] * len(phase[0::2])
     assert sorted({int(e.split("/")[1]) for e in phase[0::2]}) == counts
@@ -860,9 +873,8 @@ class _WalkGemm(_FourThreadGemm):
     ids=["T3-B12-H16-D2", "T200-B8-H128-D2", "T100-B32-H256-D1", "T100-B1-H256-D1", "T2-B4-H16-D1"],
 )
 def test_default_plan_walks_and_splits_only_with_work_to_share(monkeypatch, dims, want):
-    from lstmgrad.fused import walks
 
-    monkeypatch.setattr(walks, "parallel_threads", lambda: 2)
+    monkeypatch.setattr(openmp, "parallel_threads", lambda: 2)
     got = plan.default_plan(dims, np.dtype(np.float32), _WalkGemm())
     assert got.walk_product == "library"
     assert {k: getattr(got, k) for k in want} == want

@@ -30,7 +30,8 @@ import numpy as np
 import pytest
 
 import lstmgrad
-from lstmgrad import aclnn, workspace
+from lstmgrad import aclnn
+from lstmgrad.core import workspace
 
 torch = pytest.importorskip("torch")
 
@@ -175,7 +176,7 @@ def test_finalizer_while_the_pool_lock_is_held_does_not_deadlock():
     res = run_python(
         """
         import numpy as np
-        from lstmgrad import workspace
+        from lstmgrad.core import workspace
         a = workspace.block([(1000,)], np.float32)[0]
         with workspace._pool_lock:
             del a  # its finalizer returns the block to the pool, in this thread

@@ -1,4 +1,4 @@
-"""The recompute mode (lstmgrad.recompute through torch_ops.lstm and nn.LSTM): results against
+"""The recompute mode (lstmgrad.ops.recompute through torch_ops.lstm and nn.LSTM): results against
 the normal mode, torch.nn.LSTM float64 autograd and the NumPy reference, over directions,
 layers, bias, layouts, variable lengths, dropout, dtypes and segment lengths; its memory
 record; its argument errors."""
@@ -13,12 +13,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import lstmgrad  # noqa: E402
-from lstmgrad import recompute  # noqa: E402
-from lstmgrad.errors import ACLNN_ERR_PARAM_INVALID, LstmInvalidArgumentError  # noqa: E402
-from lstmgrad.layout import Dims  # noqa: E402
 from lstmgrad.nn import LSTM  # noqa: E402
 from lstmgrad.torch_ops import lstm  # noqa: E402
+
+import lstmgrad  # noqa: E402
+from lstmgrad import recompute  # noqa: E402
+from lstmgrad.core.errors import ACLNN_ERR_PARAM_INVALID, LstmInvalidArgumentError  # noqa: E402
+from lstmgrad.core.layout import Dims  # noqa: E402
 from oracles import (  # noqa: E402
     batch_sizes_of,
     make_lstm,
@@ -349,8 +350,8 @@ def test_prepared_weights_reused_only_within_the_block_and_for_registered_arrays
     reusing_prepared a fixed product of a registered weight (or a view into it) is made once,
     any other matrix's every time, and nothing is reused outside the block; the reused
     products compute a @ b."""
-    from lstmgrad.gemm import NUMPY_GEMM, reusing_prepared
-    from lstmgrad.tensors import torch_gemm
+    from lstmgrad.fused.gemm import NUMPY_GEMM, reusing_prepared
+    from lstmgrad.ops.tensors import torch_gemm
 
     gemm = NUMPY_GEMM if back_end == "numpy" else torch_gemm()
     rng = np.random.default_rng(0)
@@ -378,7 +379,7 @@ def test_prepared_weights_reused_only_within_the_block_and_for_registered_arrays
 def test_recompute_prepares_each_recurrent_weight_once_per_layer_direction(monkeypatch):
     """A recompute step with many segments prepares the recurrent weight once per (layer,
     direction) and pass (checkpoint forward, backward), not once per segment."""
-    from lstmgrad import gemm as gemm_mod
+    from lstmgrad.fused import gemm as gemm_mod
 
     calls = []
     original = gemm_mod.NumpyGemm._fixed
@@ -394,7 +395,7 @@ def test_recompute_prepares_each_recurrent_weight_once_per_layer_direction(monke
     params = [rng.standard_normal(s) * 0.3 for s in [(4 * h, i), (4 * h, h), (4 * h,), (4 * h,)]]
     dims = Dims(t, b, i, h, 1, 1, True)
     zeros = np.zeros((1, b, h))
-    with lstmgrad.plan.forced(walk=False, pair_walks=False):
+    with lstmgrad.planning.plan.forced(walk=False, pair_walks=False):
         y, _, _, ck = recompute.forward(x, params, zeros, zeros, dims, 4)
         calls_forward = len(calls)
         recompute.backward(ck, np.ones_like(y), None, None)

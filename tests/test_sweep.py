@@ -34,7 +34,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lstmgrad
-from lstmgrad.plan import forced
+from lstmgrad.planning.plan import forced
 from test_fused import TOL  # noqa: E402  (tests/ is on sys.path)
 
 torch = pytest.importorskip("torch")

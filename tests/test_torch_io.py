@@ -9,9 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import lstmgrad  # noqa: E402
-import lstmgrad.plan  # noqa: E402
+import lstmgrad.planning.plan  # noqa: E402
 from lstmgrad import aclnn  # noqa: E402
-from lstmgrad.plan import forced  # noqa: E402
+from lstmgrad.planning.plan import forced  # noqa: E402
 
 SAVED = ("i", "g", "f", "o", "h", "c", "tanhc")
 
@@ -69,7 +69,7 @@ SIZES = {
 # (GEMM method of the big products, weight-gradient layout): every combination a plan can name
 # ("onednn" runs torch.mm where this torch build lacks it)
 BIG_LAYOUTS = [
-    (m, layout) for m in ("blas", "onednn") for layout in lstmgrad.plan.WEIGHT_GRAD_LAYOUTS
+    (m, layout) for m in ("blas", "onednn") for layout in lstmgrad.planning.plan.WEIGHT_GRAD_LAYOUTS
 ]
 BATCH_SIZES = {
     "small": [3, 3, 2, 1],
@@ -126,7 +126,7 @@ def test_zero_copy_in_and_out():
     """Tensors are read through NumPy views of their own memory (any strides), and the results
     are tensors over the engine's result blocks (output, hy, cy back to back; the saved lists
     back to back in a block of their own, so the output alone does not pin them), not copies."""
-    from lstmgrad.tensors import to_numpy
+    from lstmgrad.ops.tensors import to_numpy
 
     x, hx, params, dy, kw = make(np.float32)
     xt = torch.from_numpy(x).transpose(0, 1)
@@ -143,8 +143,8 @@ def test_zero_copy_in_and_out():
 def test_gemms_run_on_torch(monkeypatch):
     """With tensor arguments every GEMM of the fused engine goes through torch (never NumPy's
     BLAS); with arrays, none does."""
-    import lstmgrad.api
-    from lstmgrad.tensors import TorchGemm
+    import lstmgrad.ops.api
+    from lstmgrad.ops.tensors import TorchGemm
 
     calls = []
 
@@ -162,9 +162,9 @@ def test_gemms_run_on_torch(monkeypatch):
 
             return counted
 
-    monkeypatch.setattr(lstmgrad.api, "torch_gemm", Counting)
+    monkeypatch.setattr(lstmgrad.ops.api, "torch_gemm", Counting)
     x, hx, params, dy, kw = make(np.float32, num_layers=1, bidirectional=False)
-    with lstmgrad.plan.forced(weight_grad="rows", pair_walks=False):
+    with lstmgrad.planning.plan.forced(weight_grad="rows", pair_walks=False):
         fw = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), **kw)
         # the input projection, then one recurrent product per step
         assert calls == ["product"] + ["fixed"] * x.shape[0]
@@ -311,12 +311,12 @@ def test_weight_gradient_layouts_with_dropout_masks_and_any_lengths(size, big, l
 # (16, 1024, 256): a recurrent product of the backward's shape (b with more rows than columns)
 @pytest.mark.parametrize("m,k,n", [(5, 7, 3), (64, 256, 512), (512, 64, 256), (16, 1024, 256)])
 def test_gemm_products_against_float64(monkeypatch, lib, m, k, n):
-    """Every method of every product of the Gemm interface (lstmgrad.gemm.Gemm) equals float64
+    """Every method of every product of the Gemm interface (lstmgrad.fused.gemm.Gemm) equals float64
     matmul, for both libraries; with LSTMGRAD_PRIVATE_OPS=0 torch offers its public torch.mm
     only (and computes the same); results C-contiguous."""
-    from lstmgrad import tensors as tensors_mod
-    from lstmgrad.gemm import NUMPY_GEMM
-    from lstmgrad.tensors import TorchGemm
+    from lstmgrad.fused.gemm import NUMPY_GEMM
+    from lstmgrad.ops import tensors as tensors_mod
+    from lstmgrad.ops.tensors import TorchGemm
 
     if lib == "torch-public":
         monkeypatch.setenv("LSTMGRAD_PRIVATE_OPS", "0")
@@ -426,10 +426,10 @@ def two_threads(monkeypatch):
     turns on the CPU: the results must not change)."""
     import numba
 
-    from lstmgrad import machine
-    from lstmgrad.fused import walks
+    from lstmgrad.core import machine
+    from lstmgrad.planning import openmp
 
-    if not walks.pairs_available():
+    if not openmp.pairs_available():
         pytest.skip("Numba's threading layer here is not GNU OpenMP: no multi-threaded kernels")
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("Numba's thread pool has one thread (NUMBA_NUM_THREADS=1, or one CPU "
@@ -439,13 +439,13 @@ def two_threads(monkeypatch):
     numba_before, torch_before = numba.get_num_threads(), torch.get_num_threads()
     numba.set_num_threads(2)
     torch.set_num_threads(max(2, torch_before))
-    lstmgrad.plan.forget()
+    lstmgrad.planning.plan.forget()
     try:
         yield 2
     finally:
         numba.set_num_threads(numba_before)
         torch.set_num_threads(torch_before)
-        lstmgrad.plan.forget()
+        lstmgrad.planning.plan.forget()
 
 
 def _record_results(monkeypatch, module, name):
@@ -478,7 +478,7 @@ def test_bidirectional_pair_walks(monkeypatch, two_threads, dtype, rtol, case, w
     NumPy's path (one direction at a time through NumPy's BLAS) and to the reference, with any
     batch sizes (empty steps included), without dy, and without dh_prev."""
     from lstmgrad.fused import lstm, walks
-    from lstmgrad.tensors import TorchGemm
+    from lstmgrad.ops.tensors import TorchGemm
 
     if walk_product == "library" and not TorchGemm().walk_gemm(dtype):
         pytest.skip("this torch build exports no GEMM for the walks to call (no MKL)")
@@ -525,10 +525,10 @@ def test_whole_step_loops_in_one_call(monkeypatch, dtype, rtol, bidirectional, c
     every storage dtype, with any batch sizes (empty steps included), without dy and without
     dh_prev."""
     from lstmgrad.fused import lstm, walks
-    from lstmgrad.tensors import TorchGemm
+    from lstmgrad.ops.tensors import TorchGemm
 
     library = walk_product == "library" and kind == "tensors"
-    if library and not TorchGemm().walk_gemm(lstmgrad.plan.compute_dtype(dtype)):
+    if library and not TorchGemm().walk_gemm(lstmgrad.planning.plan.compute_dtype(dtype)):
         pytest.skip("this torch build exports no GEMM for the walks to call (no MKL)")
     taken = _record_calls(monkeypatch, walks, ("forward_walk_of", "backward_walk_of"))
     fns = _record_results(monkeypatch, lstm, "_walk_gemm")
@@ -648,9 +648,9 @@ def _pair_output(queue=None):
     out = fw.output.numpy()
     if queue is None:
         return out
-    from lstmgrad.fused import walks
+    from lstmgrad.planning import openmp
 
-    queue.put((walks.pairs_available(), out.copy()))
+    queue.put((openmp.pairs_available(), out.copy()))
 
 
 def test_pair_walks_off_in_a_forked_child(monkeypatch, two_threads):
@@ -872,19 +872,19 @@ def test_float16_conversions_on_the_plans_threads(monkeypatch, two_threads, inpu
     """float16 storage: the engine's conversions (inputs, saved activations, results, dropout
     masks, dx rounding) run split over the plan's transpose_threads, and every result is the
     one-thread run's bit for bit."""
-    from lstmgrad.fused import walks
+    from lstmgrad.fused import half
 
     wrap = tensors if inputs == "tensors" else (lambda a: a)
     run = _float16_training_call(wrap, 11, [6, 6, 4, 1, 3] if lengths else None)  # not sorted
     split = []
-    for name in ("to_half_split", "to_float_table_split", "round_to_half_split"):
-        fn = getattr(walks, name)
+    for kernel in ("to_half", "to_float_table", "round_to_half"):
+        fn = half._SPLIT[kernel]
 
-        def record(*a, _f=fn, _n=name):
+        def record(*a, _f=fn, _n=f"{kernel}_split"):
             split.append(_n)
             return _f(*a)
 
-        monkeypatch.setattr(walks, name, record)
+        monkeypatch.setitem(half._SPLIT, kernel, record)
     fields = dict(pair_walks=False, convert="kernels")
     got = run(transpose_threads=two_threads, **fields)
     assert {"to_half_split", "to_float_table_split", "round_to_half_split"} <= set(split)
@@ -901,7 +901,7 @@ def test_torch_conversion_rounds_as_the_kernels():
     from lstmgrad.fused import half
     from test_half import ALL_HALVES, _boundaries, _same
 
-    gemm = lstmgrad.tensors.torch_gemm()
+    gemm = lstmgrad.ops.tensors.torch_gemm()
     rng = np.random.default_rng(2)
     bits = rng.integers(0, 1 << 32, 1 << 18, dtype=np.uint64).astype(np.uint32)
     values = np.concatenate([_boundaries(), bits.view(np.float32)])
@@ -921,14 +921,14 @@ def test_torch_conversion_rounds_as_the_kernels():
     frozen.flags.writeable = False
     assert not gemm.convert(got[:8], frozen)  # torch cannot wrap a read-only array
     assert not gemm.convert(got[:8], values[7::-1])  # nor negative strides
-    assert not lstmgrad.gemm.NUMPY_GEMM.convert(got, values)
+    assert not lstmgrad.fused.gemm.NUMPY_GEMM.convert(got, values)
 
 
 @pytest.mark.parametrize("lengths", [False, True], ids=["dense", "lengths"])
 def test_float16_conversions_by_the_library(monkeypatch, lengths):
     """convert="library": float16 storage's conversions go through torch's copy, with every
     result the kernels' run's bit for bit."""
-    from lstmgrad.tensors import TorchGemm
+    from lstmgrad.ops.tensors import TorchGemm
 
     run = _float16_training_call(tensors, 12, [6, 5, 4, 4, 1] if lengths else None)
     done = []
@@ -962,12 +962,12 @@ for h, b in ((16, 4), (128, 16)):
         m(torch.randn(3, b, 8))[0].sum().backward()
         assert torch.get_num_threads() == 1, (h, d, torch.get_num_threads())
 import numpy as np
-from lstmgrad.fused import walks
-from lstmgrad.layout import Dims
-from lstmgrad.plan import plan_for
-from lstmgrad.tensors import TorchGemm
+from lstmgrad.planning import openmp
+from lstmgrad.core.layout import Dims
+from lstmgrad.planning.plan import plan_for
+from lstmgrad.ops.tensors import TorchGemm
 p = plan_for(Dims(3, 16, 8, 128, 1, 2, True), np.dtype(np.float32), TorchGemm())
-print(walks.pairs_available(), torch.get_num_threads(), p.threads, p.pair_walks)
+print(openmp.pairs_available(), torch.get_num_threads(), p.threads, p.pair_walks)
 """
 
 
@@ -978,9 +978,9 @@ def test_torch_thread_count_is_kept():
     import subprocess
     import sys
 
-    from lstmgrad.fused import walks
+    from lstmgrad.planning import openmp
 
-    if not walks.pairs_available():
+    if not openmp.pairs_available():
         pytest.skip("Numba's threading layer here is not GNU OpenMP")
     out = subprocess.run([sys.executable, "-c", _THREADS_CHILD], capture_output=True,
                          text=True, timeout=300, check=True).stdout.split()  # fmt: skip
@@ -993,10 +993,10 @@ def test_thread_limits_cap_the_plan(monkeypatch, two_threads):
     two."""
     import numba
 
-    from lstmgrad import machine
-    from lstmgrad.layout import Dims
-    from lstmgrad.plan import plan_for
-    from lstmgrad.tensors import TorchGemm
+    from lstmgrad.core import machine
+    from lstmgrad.core.layout import Dims
+    from lstmgrad.ops.tensors import TorchGemm
+    from lstmgrad.planning.plan import plan_for
 
     dims, f32, gemm = Dims(3, 16, 8, 128, 1, 2, True), np.dtype(np.float32), TorchGemm()
     want = {"threads": 8, "pair_walks": True}
@@ -1011,23 +1011,23 @@ def test_thread_limits_cap_the_plan(monkeypatch, two_threads):
         assert plan_for(dims, f32, gemm).threads == 1
         torch.set_num_threads(2)
         monkeypatch.setattr(machine, "visible_cpus", lambda: 1)
-        lstmgrad.plan.forget()
+        lstmgrad.planning.plan.forget()
         assert plan_for(dims, f32, gemm).threads == 1
 
 
 def test_big_products_measure_the_conversions():
     """The big products' measurement times float16 conversions by the kernels and by the back
     end's own where it has one (torch), and the plan takes the faster; NumPy has none."""
-    from lstmgrad import tune
-    from lstmgrad.gemm import NUMPY_GEMM
+    from lstmgrad.fused.gemm import NUMPY_GEMM
+    from lstmgrad.planning import tune
 
     cls = {"what": "big", "kind": "torch", "dtype": "float32", "N": 64, "I": 8, "H": 16}
-    entry = tune.measure_big(cls, lstmgrad.tensors.torch_gemm())
+    entry = tune.measure_big(cls, lstmgrad.ops.tensors.torch_gemm())
     times = {k: entry["seconds"][f"convert/{k}"] for k in ("kernels", "library")}
     assert all(0 < t < 1 for t in times.values())
     assert entry["plan"]["convert"] == min(times, key=lambda k: times[k])
     numpy_entry = tune.measure_big({**cls, "kind": "numpy"}, NUMPY_GEMM)
     assert numpy_entry["plan"]["convert"] == "kernels"
     assert not any(k.startswith("convert/") for k in numpy_entry["seconds"])
-    f64 = tune.measure_big({**cls, "dtype": "float64"}, lstmgrad.tensors.torch_gemm())
+    f64 = tune.measure_big({**cls, "dtype": "float64"}, lstmgrad.ops.tensors.torch_gemm())
     assert f64["plan"]["convert"] == "kernels"  # float64 storage converts nothing

@@ -8,9 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch.library import opcheck  # noqa: E402
-
 from lstmgrad.torch_ops import lstm  # noqa: E402
+from torch.library import opcheck  # noqa: E402
 
 OPS = torch.ops.lstmgrad
 
@@ -162,9 +161,9 @@ def test_saved_stacking_is_exact(rows):
     engine's block where its arrays lie back to back, a copy otherwise, and np.stack's values
     in every case."""
     import numpy as np
-
     from lstmgrad.torch_ops import _stacked
-    from lstmgrad.workspace import block
+
+    from lstmgrad.core.workspace import block
 
     cols = 6 if rows == 4 else 48
     arrays = block([(rows, cols)] * 5, np.float32)
@@ -189,10 +188,10 @@ def test_saved_activations_of_the_op_are_the_engines(hidden):
 
     import lstmgrad
     from lstmgrad import torch_ops
-    from lstmgrad.api import run_forward
-    from lstmgrad.contract import check_forward
-    from lstmgrad.errors import LstmInternalError
-    from lstmgrad.tensors import torch_gemm
+    from lstmgrad.core.contract import check_forward
+    from lstmgrad.core.errors import LstmInternalError
+    from lstmgrad.ops.api import run_forward
+    from lstmgrad.ops.tensors import torch_gemm
 
     torch.manual_seed(3)
     steps, batch, inp, layers = 5, 4, 6, 2

@@ -32,7 +32,7 @@ def impl(request, monkeypatch):
     """Every test here runs on both engines: the float64 reference (the oracle of the faster
     engines) and the default fused engine."""
     for name in ("lstm_forward", "lstm_backward"):
-        api_fn = getattr(lstmgrad.api, name)
+        api_fn = getattr(lstmgrad.ops.api, name)
         monkeypatch.setattr(lstmgrad, name, functools.partial(api_fn, impl=request.param))
     return request.param
 

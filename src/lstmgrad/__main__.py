@@ -1,7 +1,7 @@
-"""``python -m lstmgrad`` -> :func:`lstmgrad.cli.main`."""
+"""``python -m lstmgrad`` -> :func:`lstmgrad.tools.cli.main`."""
 
 import sys
 
-from .cli import main
+from .tools.cli import main
 
 sys.exit(main())

@@ -1,5 +1,5 @@
 """The fast CPU engine: GEMMs around disk-cached Numba kernels, run as each call's execution plan
-(lstmgrad.plan) says (multi-threaded kernels: fused.walks).
+(lstmgrad.planning.plan) says (multi-threaded kernels: fused.walks).
 
 Same functions as :mod:`lstmgrad.reference`; the default engine of the public API.
 """

@@ -18,7 +18,11 @@ from typing import Any, NamedTuple
 
 import numba
 import numpy as np
+from numba import prange
 
+from .kernels import jit, row_block
+
+_parallel = jit(parallel=True)  # the split conversions (kernels' flags)
 _F16 = np.dtype(np.float16)
 _F32 = np.dtype(np.float32)
 
@@ -134,6 +138,34 @@ def round_to_half(bits, values):  # pragma: no cover - compiled
                 bits[i, j] = _float_bits(h)
 
 
+# the conversions with the rows split over ``parts`` threads: element by
+# element, so the same bits whatever the number of parts.
+
+
+@_parallel
+def to_half_split(src, dst, parts):  # pragma: no cover
+    """:func:`to_half` on ``parts`` blocks of rows at once."""
+    for q in prange(parts):
+        lo, hi = row_block(src.shape[0], parts, q)
+        to_half(src[lo:hi], dst[lo:hi])
+
+
+@_parallel
+def to_float_table_split(src, table, dst, parts):  # pragma: no cover
+    """:func:`to_float_table` on ``parts`` blocks of rows at once."""
+    for q in prange(parts):
+        lo, hi = row_block(src.shape[0], parts, q)
+        to_float_table(src[lo:hi], table, dst[lo:hi])
+
+
+@_parallel
+def round_to_half_split(bits, values, parts):  # pragma: no cover
+    """:func:`round_to_half` on ``parts`` blocks of rows at once."""
+    for q in prange(parts):
+        lo, hi = row_block(bits.shape[0], parts, q)
+        round_to_half(bits[lo:hi], values[lo:hi])
+
+
 def _matrix(a: np.ndarray) -> np.ndarray | None:
     """``a`` seen as [rows, last axis] without a copy, or None where that needs one."""
     if a.ndim == 0:
@@ -146,25 +178,25 @@ def _matrix(a: np.ndarray) -> np.ndarray | None:
     return view
 
 
+_SPLIT: dict[str, Any] = {"to_half": to_half_split, "to_float_table": to_float_table_split,
+          "round_to_half": round_to_half_split}  # fmt: skip
 _ONE_THREAD: dict[str, Any] = {"to_half": to_half, "to_float_table": to_float_table,
                "round_to_half": round_to_half}  # fmt: skip
 
 
 def _run(kernel: str, rows: int, threads: int, *args: np.ndarray) -> None:
     """One of the conversion kernels above on ``rows`` rows: split over ``threads`` threads
-    (fused.walks, where the plan gives more than one) or on this one."""
+    (the ``_split`` kernels, where the plan gives more than one) or on this one."""
     parts = min(threads, rows)
     if parts > 1:
-        from . import walks
-
-        getattr(walks, f"{kernel}_split")(*args, parts)
+        _SPLIT[kernel](*args, parts)
     else:
         _ONE_THREAD[kernel](*args)
 
 
 class Conversion(NamedTuple):
     """How the engine converts between float16 and float32: the kernels on ``threads`` threads,
-    or ``library`` (the GEMM back end's own conversion, :meth:`lstmgrad.gemm.Gemm.convert`)
+    or ``library`` (the GEMM back end's own conversion, :meth:`lstmgrad.fused.gemm.Gemm.convert`)
     where given and able to."""
 
     threads: int = 1

@@ -34,6 +34,14 @@ def jit(*, parallel: bool = False) -> Any:
 _jit = jit()
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def row_block(n, parts, q):  # pragma: no cover
+    """Rows [lo, hi) of block q when n rows split into ``parts`` blocks of ceil(n / parts)."""
+    size = (n + parts - 1) // parts
+    lo = min(q * size, n)
+    return lo, min(lo + size, n)
+
+
 # How these kernels stay vectorised: every inner loop starts at 0 and indexes a view
 # (a[hid + j] with an offset of unknown sign keeps Numba's negative-index wraparound, which
 # blocks SIMD); each loop touches few arrays (LLVM needs a runtime check per pair that might

@@ -1,5 +1,5 @@
-"""The fused CPU engine: GEMMs (NumPy's BLAS, or torch's for tensors: lstmgrad.gemm) around
-Numba kernels, run as the call's execution plan (lstmgrad.plan) says.
+"""The fused CPU engine: GEMMs (NumPy's BLAS, or torch's for tensors: fused.gemm) around
+Numba kernels, run as the call's execution plan (fused.plan) says.
 
 Per (layer, direction), the forward projects the input of all steps with one GEMM and then runs,
 per step, the recurrent GEMM and one kernel for the gate maths; the backward runs, per step, one
@@ -23,42 +23,18 @@ values passed between layers are kept in the compute dtype but hold storage-roun
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
-import time
-from collections.abc import Iterator
 
 import numpy as np
 
-from ..contract import BackwardCall, ForwardCall, LstmSaved
-from ..gemm import NUMPY_GEMM, Gemm, product_into
-from ..layout import B_HH, B_IH, W_HH, W_IH, Dims
-from ..plan import Plan, compute_dtype, plan_for
-from ..workspace import Arena, Slot, block
+from ..core.contract import BackwardCall, ForwardCall, LstmSaved
+from ..core.layout import B_HH, B_IH, W_HH, W_IH, Dims
+from ..core.workspace import Arena, Slot, block
 from . import half, kernels, walks
+from .gemm import Gemm, product_into
+from .plan import Plan, compute_dtype
 
 __all__ = ["compute_dtype"]
-
-#: where set (lstmgrad.tune's passes), [forward, backward] seconds of the step loops (their
-#: recurrent weights' preparation included) are added to it: what a thread arrangement changes
-loop_seconds: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar(
-    "lstmgrad_loop_seconds", default=None
-)
-
-
-@contextlib.contextmanager
-def _step_loops(phase: int) -> Iterator[None]:
-    """Adds the block's seconds to loop_seconds[phase] where that is set."""
-    seconds = loop_seconds.get()
-    if seconds is None:
-        yield
-        return
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        seconds[phase] += time.perf_counter() - t0
 
 
 class _Steps:
@@ -170,17 +146,14 @@ def _backward_step(plan: Plan, hidden: int, dy, has_dy, dh, dc, acts, cp, dg, n,
         kernels.backward_step(dy, has_dy, dh, dc, *acts, cp, dg, n, db, with_db)
 
 
-def forward_workspace_slots(
-    dims: Dims, dtype: np.dtype, gemm: Gemm = NUMPY_GEMM, plan: Plan | None = None
-) -> list[Slot]:
-    """Scratch of the forward (compute dtype cd) under ``plan`` (the call's by default).
+def forward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> list[Slot]:
+    """Scratch of the forward (compute dtype cd) under ``plan``.
 
     x [N, max(I, D*H)] packed layer input; gx [P, N, 4H] its projection; gh [P, B, 4H] the
     recurrent part; h, c [P, B, H] the running state; acts [7, T, B, H] the saved activations
     before rounding (float16 storage only); the layer input [T, B, D*H] (cd). P = 2 where the
     two directions walk at once (``plan.pair_walks``), else 1.
     """
-    plan = plan or plan_for(dims, dtype, gemm)
     cd = compute_dtype(dtype)
     t, b, h = dims.T, dims.B, dims.H
     n, width = t * b, max(dims.I, dims.D * h)
@@ -197,10 +170,8 @@ def forward_workspace_slots(
     ]
 
 
-def backward_workspace_slots(
-    dims: Dims, dtype: np.dtype, gemm: Gemm = NUMPY_GEMM, plan: Plan | None = None
-) -> list[Slot]:
-    """Scratch of the backward (compute dtype cd) under ``plan`` (the call's by default).
+def backward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> list[Slot]:
+    """Scratch of the backward (compute dtype cd) under ``plan``.
 
     xh [N, max(I, D*H) + H] packed [layer input | h_prev] (the "nt2" and "rows2" layouts: the
     two one after the other, each dense); dg [P, N, 4H] gate gradients; cp
@@ -212,7 +183,6 @@ def backward_workspace_slots(
     db [P, B, 4H] each row's bias gradient (with bias).
     P = 2 where the two directions walk at once, else 1.
     """
-    plan = plan or plan_for(dims, dtype, gemm)
     cd = compute_dtype(dtype)
     t, b, h = dims.T, dims.B, dims.H
     n, width = t * b, max(dims.I, dims.D * h)
@@ -238,13 +208,12 @@ def backward_workspace_slots(
     ]
 
 
-def forward_bytes(call: ForwardCall, gemm: Gemm = NUMPY_GEMM, plan: Plan | None = None) -> int:
+def forward_bytes(call: ForwardCall, plan: Plan) -> int:
     """Memory the forward allocates besides its scratch (:func:`forward_workspace_slots`): the
     results (output, hy, cy, and the saved activations: every (layer, direction)'s with train,
     else the set of the one being walked) and, for float16 storage, the input and masks
     converted to float32."""
     dims, dtype = call.dims, call.dtype
-    plan = plan or plan_for(dims, dtype, gemm)
     cd = compute_dtype(dtype)
     kept = dims.K if call.train else (0 if cd != dtype else (2 if plan.pair_walks else 1))
     act = dims.T * dims.B * dims.H
@@ -256,7 +225,7 @@ def forward_bytes(call: ForwardCall, gemm: Gemm = NUMPY_GEMM, plan: Plan | None 
     return total
 
 
-def backward_bytes(call: BackwardCall, gemm: Gemm = NUMPY_GEMM, plan: Plan | None = None) -> int:
+def backward_bytes(call: BackwardCall) -> int:
     """Memory the backward allocates besides its scratch (:func:`backward_workspace_slots`): the
     results (dx, dh_prev, dc_prev, dparams) and, for float16 storage, the input, dy, masks and
     dx in float32."""
@@ -285,18 +254,18 @@ def _bias(call: ForwardCall, layer: int, d: int, cd: np.dtype) -> np.ndarray:
 def lstm_forward(
     call: ForwardCall,
     arena: Arena | None = None,
-    gemm: Gemm = NUMPY_GEMM,
-    plan: Plan | None = None,
+    *,
+    gemm: Gemm,
+    plan: Plan,
     saved_into: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, LstmSaved | None]:
     """Forward of every (layer, direction); returns time-major output [T, B, D*H], hy, cy, saved.
 
-    ``gemm`` runs every GEMM (NumPy's by default; torch's for torch callers), as ``plan`` (the
-    call's by default, :func:`lstmgrad.plan.plan_for`) says. ``saved_into``: where the saved
+    ``gemm`` runs every GEMM (NumPy's, or torch's for torch callers), as ``plan`` says (the
+    caller's choice: :func:`lstmgrad.planning.plan.plan_for` through the API). ``saved_into``: where the saved
     activations go with train (C-contiguous [7, L*D, T, B, H] of the storage dtype; the lists
     are its views), else a new block.
     """
-    plan = plan or plan_for(call.dims, call.dtype, gemm)
     run = _ForwardRun(call, arena or Arena(), gemm, plan, saved_into)
     for layer in range(call.dims.L):
         xp = run.layer_input(layer)
@@ -321,7 +290,7 @@ class _ForwardRun:
         dims, dtype = call.dims, call.dtype
         self.cd = cd = compute_dtype(dtype)
         self.st = _steps(dims, call.mask)
-        slots = forward_workspace_slots(dims, dtype, gemm, plan)
+        slots = forward_workspace_slots(dims, dtype, plan)
         (self.xp_buf, self.gx_buf, self.gh_buf, self.h_buf, self.c_buf, self.acts_buf,
          self.layer_in) = arena.take_all(slots)  # fmt: skip
         # the results in recycled allocations (workspace.block): output and states in one, the
@@ -395,26 +364,25 @@ class _ForwardRun:
         else:
             acts = tuple(self.acts_buf)
             y_d = self.layer_in[..., d * hidden : (d + 1) * hidden]  # free once xp is packed
-        with _step_loops(0):  # the step loop, its weight's preparation included
-            if plan.fwd_walk and (plan.pair_walks or plan.walk):  # the loop in one call
-                w_t = kernels.transposed(w_hh)  # [H, 4H]
-                walk = walks.ForwardWalk._make((gx, w_t, bias, h, c, gh, st.orders[d], *acts,
-                                                y_d))  # fmt: skip
-                if plan.pair_walks:
-                    return walk
-                fn = _walk_gemm(plan, self.gemm, cd)
-                if plan.walk_rows > 1:  # blocks of rows on threads of their own
-                    walks.forward_walk_parts(walk, walk, _parts(plan, st, batch), st.ns,
-                                             st.offsets, fn)  # fmt: skip
-                else:
-                    walks.forward_walk_of(walk, st.ns, st.offsets, fn, 0, batch)
+        if plan.fwd_walk and (plan.pair_walks or plan.walk):  # the loop in one call
+            w_t = kernels.transposed(w_hh)  # [H, 4H]
+            walk = walks.ForwardWalk._make((gx, w_t, bias, h, c, gh, st.orders[d], *acts,
+                                            y_d))  # fmt: skip
+            if plan.pair_walks:
+                return walk
+            fn = _walk_gemm(plan, self.gemm, cd)
+            if plan.walk_rows > 1:  # blocks of rows on threads of their own
+                walks.forward_walk_parts(walk, walk, _parts(plan, st, batch), st.ns,
+                                         st.offsets, fn)  # fmt: skip
             else:
-                rec = self.gemm.fixed(w_hh.T, plan.fwd_rec, batch, plan.transpose_threads)
-                for t, n, off in st.walks[d]:
-                    g_rec = rec(h[:n], gh[:n]) if n else gh  # in gh or the library's result
-                    step_acts = tuple(a[t] for a in acts)
-                    _forward_step(plan, hidden, gx[off : off + n], g_rec, bias, h, c, n,
-                                  step_acts, y_d[t])  # fmt: skip
+                walks.forward_walk_of(walk, st.ns, st.offsets, fn, 0, batch)
+        else:
+            rec = self.gemm.fixed(w_hh.T, plan.fwd_rec, batch, plan.transpose_threads)
+            for t, n, off in st.walks[d]:
+                g_rec = rec(h[:n], gh[:n]) if n else gh  # in gh or the library's result
+                step_acts = tuple(a[t] for a in acts)
+                _forward_step(plan, hidden, gx[off : off + n], g_rec, bias, h, c, n,
+                              step_acts, y_d[t])  # fmt: skip
         self.hy[k], self.cy[k] = h, c  # a rounding point (docs/math.md)
         if cd != dtype:
             if call.train:
@@ -425,10 +393,9 @@ class _ForwardRun:
 
     def walk_pair(self, layer: int, pair: list[walks.ForwardWalk]) -> None:
         """Both directions' step loops at once, each on a thread of its own (fused.walks)."""
-        with _step_loops(0):
-            walks.forward_walk_parts(pair[0], pair[1], _parts(self.plan, self.st, self.call.dims.B),
-                                     self.st.ns, self.st.offsets,
-                                     _walk_gemm(self.plan, self.gemm, self.cd))  # fmt: skip
+        walks.forward_walk_parts(pair[0], pair[1], _parts(self.plan, self.st, self.call.dims.B),
+                                 self.st.ns, self.st.offsets,
+                                 _walk_gemm(self.plan, self.gemm, self.cd))  # fmt: skip
         for d in range(2):
             self.hy[layer * 2 + d], self.cy[layer * 2 + d] = self.h_buf[d], self.c_buf[d]
 
@@ -598,8 +565,9 @@ def _pack_layer_input(call: BackwardCall, st: _Steps, layer: int, masks: list | 
 def lstm_backward(
     call: BackwardCall,
     arena: Arena | None = None,
-    gemm: Gemm = NUMPY_GEMM,
-    plan: Plan | None = None,
+    *,
+    gemm: Gemm,
+    plan: Plan,
 ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None, list[np.ndarray] | None]:
     """Backward of every (layer, direction), top layer first; time-major dx [T, B, I].
 
@@ -607,7 +575,7 @@ def lstm_backward(
     """
     if not any(call.need):
         return None, None, None, None
-    run = _BackwardRun(call, arena or Arena(), gemm, plan or plan_for(call.dims, call.dtype, gemm))
+    run = _BackwardRun(call, arena or Arena(), gemm, plan)
     for layer in reversed(range(call.dims.L)):
         rows = run.layer_rows(layer)
         dirs = run.directions(layer)
@@ -639,7 +607,7 @@ class _BackwardRun:
         need_dx, need_dh, need_dc, need_dw = call.need
         self.cd = cd = compute_dtype(dtype)
         self.st = _steps(dims, call.mask)
-        slots = backward_workspace_slots(dims, dtype, gemm, plan)
+        slots = backward_workspace_slots(dims, dtype, plan)
         (self.xh_buf, self.dg_buf, self.cp_buf, dw_buf, self.dh_buf, self.dc_buf, self.dx_buf,
          self.dy_buf, self.acts_buf, xht_buf, dgt_buf,
          self.db_buf) = arena.take_all(slots)  # fmt: skip
@@ -723,10 +691,9 @@ class _BackwardRun:
             pair.append(_backward_walk(call, dr, w_hh, st))
         flags = (call.need[1], st.dense, self.with_db)
         fn = _walk_gemm(self.plan, self.gemm, cd)
-        with _step_loops(1):
-            parts = _parts(self.plan, st, call.dims.B)
-            walks.backward_walk_parts(pair[0], pair[1], parts, self.dy is not None, st.ns,
-                                      st.offsets, flags, fn)  # fmt: skip
+        parts = _parts(self.plan, st, call.dims.B)
+        walks.backward_walk_parts(pair[0], pair[1], parts, self.dy is not None, st.ns,
+                                  st.offsets, flags, fn)  # fmt: skip
 
     def wants_dx(self, layer: int) -> bool:
         """Whether the layer's dx is computed: the layer below's dy, or the wanted result."""
@@ -755,8 +722,7 @@ class _BackwardRun:
                 _gather(call, st, dr.k, dr.acts, rows.hp, rows.hp_col, dr.cp, need_dw, c_packed)
             _initial_grads(call, dr)
             w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd, cv)  # [4H, H]
-            with _step_loops(1):
-                _walk_back(call, plan, self.gemm, st, w_hh, dr, self.dy is not None)
+            _walk_back(call, plan, self.gemm, st, w_hh, dr, self.dy is not None)
         elif need_dw:  # this direction's h_prev (the directions share hp)
             _gather(call, st, dr.k, dr.acts, rows.hp, rows.hp_col, dr.cp, with_c=False)
         if need_dw and plan.weight_grad == "tn":

@@ -11,10 +11,10 @@ layer, blocks of the batch's rows, or both (:func:`forward_walk_parts`,
 :func:`backward_walk_parts`). Larger models keep their recurrent product in the GEMM library,
 one step at a time, and run each step's gate maths with its rows split over threads
 (:func:`forward_step_split`, :func:`backward_step_split`). The execution plan
-(lstmgrad.plan) decides which runs, from measurements taken between the GEMM library's calls
+(lstmgrad.planning) decides which runs, from measurements taken between the GEMM library's calls
 (Numba's threads spin a while after a parallel region, which can hold the CPUs a library's own
 threads wait for); these run only where Numba's layer is GNU OpenMP, the runtime torch uses
-(:func:`pairs_available`): another layer, or an LLVM or Intel OpenMP runtime, would keep a
+(lstmgrad.planning.openmp): another layer, or an LLVM or Intel OpenMP runtime, would keep a
 pool of threads spinning against torch's.
 
 Each walk is one (layer, direction)'s step loop on a block of batch rows, in the walk ``order``
@@ -28,16 +28,20 @@ last bits with the library's (which may pick another kernel for fewer rows).
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import NamedTuple
 
-import numba
 import numpy as np
 from numba import prange
 
-from .half import round_to_half, to_float_table, to_half
-from .kernels import backward_step, forward_step, gemm_scratch, jit, transpose_region, walk_product
+from .kernels import (
+    backward_step,
+    forward_step,
+    gemm_scratch,
+    jit,
+    row_block,
+    transpose_region,
+    walk_product,
+)
 from .kernels import transpose_cols as _transpose_cols
 
 _jit = jit()  # the kernels' own flags
@@ -221,15 +225,7 @@ def walk_products(fn, a_fwd, w_t, out_fwd, a_bwd, w, out_bwd, reps):  # pragma: 
 # rows at once (the rows of a step are independent), for models too large to walk whole steps
 # in Numba, where the recurrent product runs in the GEMM library between the steps. Each row is
 # computed exactly as by the one-thread kernel, so results are bitwise the same whatever the
-# number of parts. Whether and from which step size it pays is measured (lstmgrad.tune).
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _block(n, parts, q):  # pragma: no cover
-    """Rows [lo, hi) of block q when n rows split into ``parts`` blocks of ceil(n / parts)."""
-    size = (n + parts - 1) // parts
-    lo = min(q * size, n)
-    return lo, min(lo + size, n)
+# number of parts. Whether and from which step size it pays is measured (lstmgrad.planning.tune).
 
 
 @_parallel
@@ -240,7 +236,7 @@ def forward_step_split(
     ceil(n / parts), the last block also holding the masked rows [n, B)."""
     rows = h.shape[0]
     for q in prange(parts):
-        lo, end = _block(n, parts, q)
+        lo, end = row_block(n, parts, q)
         k = end - lo
         hi = rows if q == parts - 1 else end
         forward_step(
@@ -258,7 +254,7 @@ def backward_step_split(
     ceil(n / parts) (dy: any array without has_dy, as there; each row's db on the thread of
     its row)."""
     for q in prange(parts):
-        lo, hi = _block(n, parts, q)
+        lo, hi = row_block(n, parts, q)
         if hi > lo:
             backward_step(
                 dy[lo:hi], has_dy, dh[lo:hi], dc[lo:hi], s_i[lo:hi], s_g[lo:hi],
@@ -288,87 +284,3 @@ def transpose_cols(src, width, n, c0, c1, dst, threads):  # type: ignore[no-unty
         transpose_cols_split(src, width, n, c0, c1, dst, threads)
     else:
         _transpose_cols(src, width, n, c0, c1, dst)
-
-
-# float16 conversions (fused.half) with the rows split over ``parts`` threads: element by
-# element, so the same bits whatever the number of parts.
-
-
-@_parallel
-def to_half_split(src, dst, parts):  # pragma: no cover
-    """:func:`half.to_half` on ``parts`` blocks of rows at once."""
-    for q in prange(parts):
-        lo, hi = _block(src.shape[0], parts, q)
-        to_half(src[lo:hi], dst[lo:hi])
-
-
-@_parallel
-def to_float_table_split(src, table, dst, parts):  # pragma: no cover
-    """:func:`half.to_float_table` on ``parts`` blocks of rows at once."""
-    for q in prange(parts):
-        lo, hi = _block(src.shape[0], parts, q)
-        to_float_table(src[lo:hi], table, dst[lo:hi])
-
-
-@_parallel
-def round_to_half_split(bits, values, parts):  # pragma: no cover
-    """:func:`half.round_to_half` on ``parts`` blocks of rows at once."""
-    for q in prange(parts):
-        lo, hi = _block(bits.shape[0], parts, q)
-        round_to_half(bits[lo:hi], values[lo:hi])
-
-
-_decided: tuple[int, bool] | None = None  # (pid, answer) of the process that decided
-
-
-def pairs_available() -> bool:
-    """Whether the pair walks pay here: Numba's threading layer is OpenMP and no OpenMP runtime
-    but GNU's is loaded (Linux; False elsewhere, and False where another layer was chosen, e.g.
-    NUMBA_THREADING_LAYER=tbb or workqueue). Decided once a process, at the first call, which
-    also makes Numba pick its threading layer (as its first parallel function would).
-
-    A process forked after that answers False: GNU OpenMP is not fork-safe, and Numba stops a
-    forked child that launches a parallel region of its parent's OpenMP layer; such a child
-    walks one direction at a time."""
-    global _decided
-    pid = os.getpid()
-    if _decided is None:
-        _decided = (pid, _check_pairs())
-    owner, answer = _decided
-    return answer and owner == pid
-
-
-def parallel_threads() -> int:
-    """Threads the multi-threaded kernels may use in the calling thread: 1 where they must not
-    run (:func:`pairs_available` is False), else Numba's thread count (NUMBA_NUM_THREADS,
-    numba.set_num_threads) capped by the CPUs this process may use."""
-    if not pairs_available():
-        return 1
-    from ..machine import numba_threads
-
-    return numba_threads()
-
-
-@numba.njit(parallel=True, cache=True)
-def _probe(a):  # pragma: no cover
-    for j in prange(a.shape[0]):
-        a[j] = j
-
-
-def _check_pairs() -> bool:
-    # Starting Numba's OpenMP pool sets the calling thread's OpenMP thread count to Numba's
-    # (seen through torch.get_num_threads()): a count torch was given is put back.
-    torch = sys.modules.get("torch")
-    torch_threads = torch.get_num_threads() if torch is not None else 0
-    try:
-        _probe(np.zeros(2))
-        if numba.threading_layer() != "omp":
-            return False
-        with open("/proc/self/maps") as maps:
-            libs = {line.split()[-1] for line in maps if ".so" in line}
-    except Exception:  # no threading layer loads, no /proc: walk one direction at a time
-        return False
-    finally:
-        if torch is not None and torch.get_num_threads() != torch_threads:
-            torch.set_num_threads(torch_threads)
-    return not any("libiomp" in lib or "/libomp" in lib for lib in libs)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..contract import BackwardCall, ForwardCall, LstmSaved
-from ..layout import B_HH, B_IH, W_HH, W_IH, Dims
-from ..workspace import Arena, Slot
+from ..core.contract import BackwardCall, ForwardCall, LstmSaved
+from ..core.layout import B_HH, B_IH, W_HH, W_IH, Dims
+from ..core.workspace import Arena, Slot
 
 F64 = np.dtype(np.float64)
 

@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .errors import torch_missing
+from ..core.errors import torch_missing
 
 try:
     import torch
@@ -270,6 +270,9 @@ class LSTM(torch.nn.LSTM):
         if not is_batched:
             return y.squeeze(batch_dim), (h_n.squeeze(1), c_n.squeeze(1))
         return y, (h_n, c_n)
+
+
+LSTM.__module__ = "lstmgrad.nn"  # checkpoints and messages name the public path
 
 
 def _autocast(

@@ -2,7 +2,7 @@
 
 ``check_backward`` / ``check_forward`` turn the public arguments into a validated, normalised
 call record (time-major views, resolved dims, boolean mask) or raise an
-:class:`~lstmgrad.errors.LstmArgumentError` naming the argument, the expected and the actual
+:class:`~lstmgrad.core.errors.LstmArgumentError` naming the argument, the expected and the actual
 value. They allocate nothing proportional to the data: every check runs before any computation.
 """
 

@@ -28,8 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .api import DEFAULT_IMPL, ENGINES, run_backward, run_forward
-from .contract import (
+from ..core.contract import (
     BackwardCall,
     ForwardCall,
     check_array,
@@ -40,7 +39,7 @@ from .contract import (
     input_shape,
     output_shape,
 )
-from .errors import (
+from ..core.errors import (
     ACLNN_ERR_INNER,
     ACLNN_ERR_PARAM_INVALID,
     ACLNN_ERR_PARAM_NULLPTR,
@@ -49,8 +48,9 @@ from .errors import (
     LstmInvalidArgumentError,
     LstmNullArgumentError,
 )
+from ..core.workspace import Arena, workspace_bytes
+from .api import DEFAULT_IMPL, ENGINES, engine_plan, run_backward, run_forward
 from .tensors import from_torch, tensor_to_numpy, torch_gemm
-from .workspace import Arena, workspace_bytes
 
 __all__ = [
     "ACLNN_SUCCESS",
@@ -176,10 +176,11 @@ def aclnnLstmBackwardGetWorkspaceSize(
                 _out_array(fn, f"dparamsOut[{j}]", a, p.shape, "shape of params", dtype)
                 for j, (a, p) in enumerate(zip(items, call.params, strict=True))
             ]
-        # the engine's scratch depends on the GEMM library (fused.lstm.backward_workspace_slots)
-        gemm_kw = {} if gemm is None else {"gemm": gemm}
+        # the engine's scratch depends on the call's plan (fused.lstm.backward_workspace_slots)
         size = workspace_bytes(
-            ENGINES[DEFAULT_IMPL].backward_workspace_slots(dims, dtype, **gemm_kw)
+            ENGINES[DEFAULT_IMPL].backward_workspace_slots(
+                dims, dtype, engine_plan(dims, dtype, gemm)
+            )
         )
 
         def run(arena: Arena, call: BackwardCall = call) -> None:
@@ -267,10 +268,11 @@ def aclnnLSTMGetWorkspaceSize(
                     ]
                 )
         call.train = train  # checked with train=False above so that dropout stays ignored
-        # the engine's scratch depends on the GEMM library (fused.lstm.forward_workspace_slots)
-        gemm_kw = {} if gemm is None else {"gemm": gemm}
+        # the engine's scratch depends on the call's plan (fused.lstm.forward_workspace_slots)
         size = workspace_bytes(
-            ENGINES[DEFAULT_IMPL].forward_workspace_slots(dims, dtype, **gemm_kw)
+            ENGINES[DEFAULT_IMPL].forward_workspace_slots(
+                dims, dtype, engine_plan(dims, dtype, gemm)
+            )
         )
 
         def run(arena: Arena, call: ForwardCall = call) -> None:

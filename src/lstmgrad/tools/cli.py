@@ -1,5 +1,5 @@
 """Command line: ``lstmgrad demo | bench | tune | check``. Parses and prints; the work lives in
-:mod:`lstmgrad.demo`, :mod:`lstmgrad.bench`, :mod:`lstmgrad.tune` and :mod:`lstmgrad.check`."""
+:mod:`lstmgrad.tools.demo`, :mod:`lstmgrad.tools.bench`, :mod:`lstmgrad.planning.tune` and :mod:`lstmgrad.tools.check`."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .errors import torch_missing
+from .. import __version__
+from ..core.errors import torch_missing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +102,7 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from . import plan, tune
+    from ..planning import plan, tune
 
     kind = "torch" if args.input == "tensors" else "numpy"
     try:
@@ -125,7 +125,9 @@ def _tune(args: argparse.Namespace) -> int:
         if not removed:
             print(f"nothing stored at {plan.cache_dir()}")
     unstored = 0
-    for row in tune.tune_shapes(shapes, kind, args.dtype) if shapes else ():
+    from ..ops.api import tune_shapes
+
+    for row in tune_shapes(shapes, kind, args.dtype) if shapes else ():
         s = row["shape"]
         where = f"not stored: {row['not_stored']}" if row["not_stored"] else "stored"
         unstored += bool(row["not_stored"])

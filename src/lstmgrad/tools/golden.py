@@ -6,7 +6,7 @@ inputs, the flags, the device's outputs and gradients (each a :class:`Device` te
 dump key) and, for the backward, the gradients that flowed in. :func:`judge` recomputes the call
 with the float64 reference (on float64 copies of the dump's values) and with the fused engine
 in the dump's dtype (bfloat16: in float32, results rounded to bfloat16), then measures the
-device and the fused engine against the reference (:mod:`lstmgrad.metrics`).
+device and the fused engine against the reference (:mod:`lstmgrad.tools.metrics`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from ..core.errors import LstmArgumentError
+from ..core.layout import num_params, param_name
+from ..ops.api import lstm_backward, lstm_forward
 from . import metrics
-from .api import lstm_backward, lstm_forward
 from .check import to_float64
-from .errors import LstmArgumentError
-from .layout import num_params, param_name
 
 RULES = ("msprobe", "bound", "both")
 STATS = ("Max", "Min", "Mean", "Norm")

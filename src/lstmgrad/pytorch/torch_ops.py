@@ -3,7 +3,7 @@
 Both ops run the fused engine on the tensors' own memory (zero copy in, zero copy out, GEMMs on
 torch's BLAS). Each has a fake (meta) implementation, so torch.compile traces them without a
 graph break, and the forward has an autograd formula that calls the backward op. The backward
-op's own gradient (double backward) and both ops' vmap rules are in :mod:`lstmgrad.torch_grad`.
+op's own gradient (double backward) and both ops' vmap rules are in :mod:`lstmgrad.pytorch.torch_grad`.
 :func:`lstm` is the differentiable functional form that :class:`lstmgrad.nn.LSTM` uses.
 
 Schemas (legend of :func:`lstmgrad.lstm_backward`; K = L*D)::
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import LstmInvalidArgumentError, torch_missing
+from ..core.errors import LstmInvalidArgumentError, torch_missing
 
 try:
     import torch
@@ -39,11 +39,11 @@ except ImportError as exc:  # PyTorch is the optional [torch] extra
     raise torch_missing("lstmgrad.torch_ops") from exc
 from torch import Tensor
 
-from . import recompute as _recompute
+from ..core.contract import check_backward, check_forward
+from ..ops import recompute as _recompute
+from ..ops.api import run_backward, run_forward
+from ..ops.tensors import to_numpy, torch_gemm
 from . import torch_grad
-from .api import run_backward, run_forward
-from .contract import check_backward, check_forward
-from .tensors import to_numpy, torch_gemm
 
 __all__ = ["lstm", "lstm_forward", "lstm_backward"]
 
@@ -333,7 +333,7 @@ def lstm(
 
     Under a torch.func transform the same ops run through autograd.Functions, and with
     forward-mode AD tangents (outside torch.func) the torch-operations LSTM runs instead (see
-    :mod:`lstmgrad.torch_grad`).
+    :mod:`lstmgrad.pytorch.torch_grad`).
 
     ``recompute`` trades time for memory (docs/math.md#recompute): instead of the activations,
     the forward keeps each layer's input and the state every k steps, and the backward
@@ -409,7 +409,7 @@ def save_mode(needs_grad: bool, applies: bool) -> bool:
 
 
 class _RecomputeLstm(torch.autograd.Function):
-    """The recompute mode (lstmgrad.recompute) as an autograd Function: the forward keeps the
+    """The recompute mode (lstmgrad.ops.recompute) as an autograd Function: the forward keeps the
     checkpoints on ctx, the backward recomputes segment by segment."""
 
     @staticmethod

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import torch_missing
-from .machine import _cgroup_cpus, cpu_model
+from ..core.errors import torch_missing
+from ..core.machine import _cgroup_cpus, cpu_model
 
 Dims = tuple[int, int, int, int, int, int]  # T, B, I, H, L, D
 SHAPES: dict[str, Dims] = {
@@ -285,7 +285,7 @@ def run(
     config = {"dtype": dtype, "rounds": rounds, "input": inp, "batch_s": BATCH_S}
     doc: dict[str, Any] = {"machine": machine(), "config": config, "results": []}
     say(doc)
-    from .plan import eager
+    from ..planning.plan import eager
 
     for name, dims in shapes.items():
         with eager():  # the plans measured in the warm-up, as `lstmgrad tune` would

@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from . import fused, machine, reference
-from .contract import (
+from .. import fused, reference
+from ..core import machine
+from ..core.contract import (
     DEFAULT_IMPL,
     BackwardCall,
     ForwardCall,
@@ -20,23 +21,33 @@ from .contract import (
     check_forward,
     check_impl,
 )
-from .dropout import make_dropout_masks
-from .errors import LstmError, LstmInternalError, LstmMemoryError
-from .gemm import NUMPY_GEMM, Gemm
-from .plan import SAFE, Plan, note_call, plan_for
+from ..core.dropout import make_dropout_masks
+from ..core.errors import LstmError, LstmInternalError, LstmMemoryError
+from ..core.layout import Dims
+from ..core.workspace import Arena, scratch_held, workspace_bytes
+from ..fused.gemm import NUMPY_GEMM, Gemm
+from ..fused.plan import SAFE, Plan
+from ..planning.plan import big_class, eager, mode, note_call, plan_for, step_class, wisdom
 from .tensors import from_torch, to_tensors, torch_gemm
-from .workspace import Arena, scratch_held, workspace_bytes
 
 ENGINES: dict[str, ModuleType] = {"fused": fused, "reference": reference}  # contract.IMPLS
 
 
-def _engine_args(impl: str, call: ForwardCall | BackwardCall, gemm: Gemm | None) -> dict[str, Any]:
+def engine_plan(dims: Dims, dtype: np.dtype, gemm: Gemm | None = None) -> Plan:
+    """The fused engine's plan for a call of these sizes on ``gemm`` (NumPy's by default): the
+    one place a plan is asked for (the planner measures, remembers, falls back)."""
+    return plan_for(dims, dtype, gemm or NUMPY_GEMM)
+
+
+def _engine_args(impl: str, call: ForwardCall | BackwardCall, gemm: Gemm | None,
+                 plan_dims: Dims | None = None) -> dict[str, Any]:  # fmt: skip
     """The fused engine takes the GEMMs to use and the call's plan (made once, for the memory
-    check and the run alike); the reference always computes with NumPy."""
+    check and the run alike; for a call of ``plan_dims`` where given); the reference always
+    computes with NumPy."""
     if impl != "fused":
         return {}
     g = gemm or NUMPY_GEMM
-    return {"gemm": g, "plan": plan_for(call.dims, call.dtype, g)}
+    return {"gemm": g, "plan": engine_plan(plan_dims or call.dims, call.dtype, g)}
 
 
 _last_reading: tuple[float, int | None] = (-1e9, None)  # (monotonic time, bytes available)
@@ -56,7 +67,7 @@ def _available(need: int) -> int | None:
 
 def check_memory(fn: str, need: int, results_only: bool = False) -> None:
     """Raise LstmMemoryError before a call that needs more bytes than the machine can give now
-    (:func:`lstmgrad.machine.available_memory`; no check where that cannot be read).
+    (:func:`lstmgrad.core.machine.available_memory`; no check where that cannot be read).
     ``results_only``: ``need`` counts the results alone (the check before a plan is made)."""
     avail = _available(need)
     if avail is not None and need > avail:
@@ -75,12 +86,12 @@ def _need(fn: str, call: ForwardCall | BackwardCall, arena: Arena | None, gemm: 
     the calling thread's kept buffer (none with a caller's workspace)."""
     if forward:
         assert isinstance(call, ForwardCall)
-        need = fused.forward_bytes(call, gemm, plan) - given if results is None else results
-        slots = fused.forward_workspace_slots(call.dims, call.dtype, gemm, plan)
+        need = fused.forward_bytes(call, plan) - given if results is None else results
+        slots = fused.forward_workspace_slots(call.dims, call.dtype, plan)
     else:
         assert isinstance(call, BackwardCall)
-        need = fused.backward_bytes(call, gemm, plan) if results is None else results
-        slots = fused.backward_workspace_slots(call.dims, call.dtype, gemm, plan)
+        need = fused.backward_bytes(call) if results is None else results
+        slots = fused.backward_workspace_slots(call.dims, call.dtype, plan)
     if arena is None:
         need += max(workspace_bytes(slots) - scratch_held(), 0)
     check_memory(fn, need)
@@ -91,8 +102,10 @@ def run_backward(
     arena: Arena | None = None,
     impl: str = DEFAULT_IMPL,
     gemm: Gemm | None = None,
+    plan_dims: Dims | None = None,
 ) -> LstmBackwardResult:
-    """Run a validated backward call; results in the caller's layout.
+    """Run a validated backward call; results in the caller's layout. ``plan_dims``: plan it as
+    a call of these sizes (the recompute mode's segments run the whole sequence's plan).
 
     Raises:
         LstmMemoryError: (code 561103) the fused engine would need more memory than available.
@@ -100,9 +113,9 @@ def run_backward(
     results = None
     if impl == "fused" and any(call.need):  # the results alone, before a plan is measured
         # (the backward's results do not depend on the plan: counted once for both checks)
-        results = fused.backward_bytes(call, gemm or NUMPY_GEMM, SAFE)
+        results = fused.backward_bytes(call)
         check_memory("lstm_backward", results, results_only=True)
-    args = _engine_args(impl, call, gemm)
+    args = _engine_args(impl, call, gemm, plan_dims)
     if args and any(call.need):
         _need("lstm_backward", call, arena, **args, forward=False, results=results)
     start = time.perf_counter()
@@ -125,9 +138,10 @@ def run_forward(
     impl: str = DEFAULT_IMPL,
     gemm: Gemm | None = None,
     saved_into: np.ndarray | None = None,
+    plan_dims: Dims | None = None,
 ) -> LstmForwardResult:
     """Run a validated forward call (drawing its dropout masks unless given); output in the
-    caller's layout. ``saved_into``: a C-contiguous [7, L*D, T, B, H] array of the storage
+    caller's layout. ``plan_dims`` as in :func:`run_backward`. ``saved_into``: a C-contiguous [7, L*D, T, B, H] array of the storage
     dtype the fused engine writes the saved activations into (i, g, f, o, h, c, tanhc), the
     lists then its views.
 
@@ -138,9 +152,9 @@ def run_forward(
         call.dropout_masks = make_dropout_masks(call.dims, call.dropout, call.seed, call.dtype)
     given = 0 if saved_into is None else saved_into.nbytes
     if impl == "fused":  # the results alone, before a plan is measured
-        need = fused.forward_bytes(call, gemm or NUMPY_GEMM, SAFE) - given
+        need = fused.forward_bytes(call, SAFE) - given
         check_memory("lstm_forward", need, results_only=True)
-    args = _engine_args(impl, call, gemm)
+    args = _engine_args(impl, call, gemm, plan_dims)
     if args:
         _need("lstm_forward", call, arena, **args, forward=True, given=given)
         if saved_into is not None:
@@ -323,3 +337,34 @@ def lstm_forward(
     if not torch_io:
         return run_forward(call, None, impl)
     return to_tensors(run_forward(call, None, impl, torch_gemm()))
+
+
+def tune_shapes(shapes: list[dict[str, int]], kind: str, dtype: str) -> list[dict[str, Any]]:
+    """Measure (where not stored yet) the classes of ``shapes`` for back end ``kind`` ("numpy"
+    or "torch"); per shape the plan it gets, the seconds it took and, where its measurements
+    are not on disk for later processes, why ("not_stored"; empty when stored)."""
+    gemm: Any
+    if kind == "torch":
+        import torch  # noqa: F401  (the torch back end needs it loaded)
+
+        gemm = torch_gemm()
+    else:
+        gemm = NUMPY_GEMM
+
+    rows: list[dict[str, Any]] = []
+    for shape in shapes:
+        dims = Dims(shape["T"], shape["B"], shape["I"], shape["H"], shape["L"], shape["D"], True)
+        t0 = time.perf_counter()
+        with eager():  # asked for: measured now, whatever the budget
+            chosen = plan_for(dims, np.dtype(dtype), gemm)
+        seconds = time.perf_counter() - t0
+        store = wisdom(gemm.kind)
+        classes = (big_class(dims, np.dtype(dtype), gemm.kind),
+                   step_class(dims, np.dtype(dtype), gemm.kind))  # fmt: skip
+        missing = ""
+        if not all(store.stored(c) for c in classes):
+            missing = (f"LSTMGRAD_TUNE={mode()}: nothing is measured" if mode() in ("off", "cached") else
+                       "measured while other processes used the CPUs: kept for this process "
+                       "only (run again on a quiet machine)")  # fmt: skip
+        rows.append({"shape": shape, "plan": chosen, "seconds": seconds, "not_stored": missing})
+    return rows

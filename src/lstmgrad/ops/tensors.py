@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import LstmInvalidArgumentError
-from .fused.kernels import gemm_scratch, library_matmul, transposed
-from .gemm import FixedGemm, dense, loop_product, prepared, transposed_product
-from .machine import torch_threads
+from ..core.errors import LstmInvalidArgumentError
+from ..core.machine import torch_threads
+from ..fused.gemm import FixedGemm, dense, loop_product, prepared, transposed_product
+from ..fused.kernels import gemm_scratch, library_matmul, transposed
 
 
 def _torch() -> Any:
@@ -230,7 +230,7 @@ def _probe_conversion(torch: Any) -> bool:
     bits (lstmgrad.fused.half) on every float16 value and on float32 values at and around
     every float16 rounding boundary, specials and random bit patterns (a NaN's payload may
     differ, as between NumPy's conversions and F16C's); checked once a process."""
-    from .fused import half
+    from ..fused import half
 
     values = half.float_table()  # every float16, as float32
     finite = np.unique(values[np.isfinite(values)].astype(np.float64))
@@ -250,7 +250,7 @@ def _probe_conversion(torch: Any) -> bool:
 
 
 class TorchGemm:
-    """GEMMs computed by torch on NumPy views of tensor memory (see :class:`lstmgrad.gemm.Gemm`).
+    """GEMMs computed by torch on NumPy views of tensor memory (see :class:`lstmgrad.fused.gemm.Gemm`).
 
     Methods: "blas" (torch.mm, public), "loop" and "blas_t" (as for NumPy), and, for float32
     where this torch build has them and LSTMGRAD_PRIVATE_OPS is not 0, "onednn" (oneDNN's

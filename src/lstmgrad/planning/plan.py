@@ -1,10 +1,10 @@
 """Execution plans: which GEMM method, layout and thread count the fused engine uses for a call.
 
 The one place for the engine's policy. :func:`plan_for` turns (dims, dtype, GEMM back end) into
-a :class:`Plan` from measurements taken on the machine in use (:mod:`lstmgrad.tune`), made
+a :class:`Plan` from measurements taken on the machine in use (:mod:`lstmgrad.planning.tune`), made
 lazily the first time a class of shapes is seen and kept on disk per machine and library
 versions (like FFTW's wisdom), so later processes start with them. The engine executes plans
-and holds no thresholds; the back ends (:mod:`lstmgrad.gemm`) only multiply.
+and holds no thresholds; the back ends (:mod:`lstmgrad.fused.gemm`) only multiply.
 
 Environment:
 
@@ -15,7 +15,7 @@ Environment:
   always runs the safe plan (:data:`SAFE`).
 - ``LSTMGRAD_PLAN``: fields forced over every plan, e.g. ``threads=1,fwd_rec=blas``.
 - ``LSTMGRAD_CACHE_DIR``: where measurements are stored (default ``~/.cache/lstmgrad``).
-- ``LSTMGRAD_PRIVATE_OPS=0``: torch's public GEMM (torch.mm) only (:mod:`lstmgrad.tensors`).
+- ``LSTMGRAD_PRIVATE_OPS=0``: torch's public GEMM (torch.mm) only (:mod:`lstmgrad.ops.tensors`).
 
 ``lstmgrad tune`` measures ahead of time, ``lstmgrad tune --show`` prints what is stored.
 """
@@ -38,76 +38,28 @@ from typing import Any
 
 import numpy as np
 
-from .layout import Dims
-from .machine import fingerprint, fingerprint_key, machine_busy
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """How the fused engine runs one call.
-
-    big: GEMM method of the input projection, dx and the weight gradient ("blas" or "onednn");
-    weight_grad: layout of dW = dG^T [x | h_prev] ("rows": from the rows of [x | h_prev];
-    "tn": from its transpose; "nt": from dG transposed; "nt2": as "nt" in two products, one
-    for dW_ih and one for dW_hh; "rows2": as "rows" in two products written into the results,
-    through float32 scratch where float16 results are rounded from it); fwd_rec / bwd_rec: method
-    of the forward's / backward's recurrent product per step (a :meth:`Gemm.fixed` method:
-    "blas", "blas_t", "loop", "onednn", "packed", "mkl"); threads: threads of the step kernels (1: one
-    thread); split_min: the smallest step (active rows * H) whose kernel splits over them;
-    pair_walks: both directions of a bidirectional layer walk at once on two threads, each step
-    loop in one Numba call (the recurrent methods are then unused); walk: each direction's step
-    loop in one Numba call (on one thread, or one per block of rows: walk_rows), recurrent
-    product included (for layers so small that a library call per step costs more than its
-    arithmetic; pair_walks take precedence);
-    walk_product: the recurrent product in those one-call step loops ("loop": the engine's
-    Numba loop; "library": the GEMM library's own routine called on the loop's thread, where
-    the back end has one to call, :meth:`Gemm.walk_gemm`); walk_rows: the blocks of batch rows
-    each direction's one-call step loop splits into, each block walking on a thread of its own
-    (with walk or pair_walks; a row's steps do not depend on the other rows); fwd_walk: the
-    forward walks too (False: only the backward does, the forward calls the library per step
-    as fwd_rec, threads and split_min say);
-    transpose_threads: threads of the transposing copy the "tn" and "nt" layouts make, of the
-    recurrent weight's where its product's preparation makes one (:meth:`Gemm.fixed`), and of
-    the float16 <-> float32 conversions of float16 storage (element-wise copies like it);
-    convert: what runs those conversions ("kernels": the engine's, on transpose_threads;
-    "library": the GEMM back end's own, :meth:`Gemm.convert`, where it has one).
-    """
-
-    big: str = "blas"
-    weight_grad: str = "rows"
-    fwd_rec: str = "blas"
-    bwd_rec: str = "blas"
-    threads: int = 1
-    split_min: int = 0
-    pair_walks: bool = False
-    walk: bool = False
-    walk_product: str = "loop"
-    walk_rows: int = 1
-    fwd_walk: bool = True
-    transpose_threads: int = 1
-    convert: str = "kernels"
-
-    def describe(self) -> str:
-        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
-
-
-SAFE = Plan()
-"""The plan without measurements: public library calls, one thread for the engine's own
-kernels (the libraries thread their GEMMs as they are told), nothing that could keep two thread
-pools spinning against each other. Correct and safe on any machine."""
+from ..core.layout import Dims
+from ..core.machine import fingerprint, fingerprint_key
+from ..fused.plan import (  # noqa: F401  (lstmgrad.fused.plan.Plan, .SAFE: public names)
+    BIG_METHODS,
+    CONVERSIONS,
+    RECURRENT_METHODS,
+    SAFE,
+    WALK_PRODUCTS,
+    WEIGHT_GRAD_LAYOUTS,
+    Plan,
+    compute_dtype,
+)
+from . import openmp, tune
+from .feasible import feasible
 
 _FIELDS = {f.name: f.type for f in dataclasses.fields(Plan)}
-WEIGHT_GRAD_LAYOUTS = ("rows", "tn", "nt", "nt2", "rows2")
 
 _forced: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "lstmgrad_forced_plan", default=None
 )
 
 
-BIG_METHODS = ("blas", "onednn")
-RECURRENT_METHODS = ("blas", "blas_t", "loop", "onednn", "packed", "mkl")
-CONVERSIONS = ("kernels", "library")
-WALK_PRODUCTS = ("loop", "library")
 _CHOICES = {"big": BIG_METHODS, "weight_grad": WEIGHT_GRAD_LAYOUTS, "fwd_rec": RECURRENT_METHODS,
             "bwd_rec": RECURRENT_METHODS, "convert": CONVERSIONS,
             "walk_product": WALK_PRODUCTS}  # fmt: skip
@@ -228,7 +180,9 @@ class _Budget:
         if self.runs:
             return sum(self.runs) / len(self.runs)
         if self._stored is None:
-            done = [e["seconds"] for e in wisdom(kind).entries.values() if "seconds" in e]
+            done = [
+                e["took"] for e in wisdom(kind).entries.values() if isinstance(e.get("took"), float)
+            ]
             self._stored = sum(done) / len(done) if done else MEASURE_GUESS
         return self._stored
 
@@ -262,18 +216,20 @@ def _carry_over() -> None:
 atexit.register(_carry_over)
 
 
+def machine_busy() -> bool:
+    """Whether other work holds the CPUs: the machine's 1-minute load average exceeds its CPUs
+    by more than one runnable thread (the measuring process's own threads fill them)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return False
+    return load > (os.cpu_count() or 1) + 1
+
+
 def note_call(seconds: float) -> None:
-    """Count a fused engine call's seconds towards the measuring budget (:mod:`lstmgrad.api`);
-    a measurement's own runs do not count."""
-    from .tune import calibrating
-
-    if not calibrating.get():
-        budget.calls += seconds
-
-
-def compute_dtype(dtype: np.dtype) -> np.dtype:
-    """float64 for float64 storage, float32 otherwise (float16 computes in float32)."""
-    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+    """Count a fused engine call's seconds towards the measuring budget (:mod:`lstmgrad.ops.api`;
+    the tuner's own runs call the engine directly and are not counted)."""
+    budget.calls += seconds
 
 
 def step_class(dims: Dims, dtype: np.dtype, kind: str) -> dict[str, Any]:
@@ -400,7 +356,7 @@ def cache_dir() -> Path:
     return _cache_dir(_cache_env())
 
 
-WISDOM_FORMAT = 17
+WISDOM_FORMAT = 18
 """The version of what a measurement holds: a store written with other candidates (an older
 lstmgrad) is measured again rather than read."""
 
@@ -428,8 +384,6 @@ def _measured(dims: Dims, dtype: np.dtype, gemm: Any, m: str) -> tuple[Plan, boo
     """The plan from this machine's measurements of the call's classes (measured now where
     missing: always in mode "eager", within the budget in mode "on"), and whether every class
     had its measurement."""
-    from . import tune
-
     store = wisdom(gemm.kind)
     fields: dict[str, Any] = {}
     complete = True
@@ -446,7 +400,7 @@ def _measured(dims: Dims, dtype: np.dtype, gemm: Any, m: str) -> tuple[Plan, boo
                     t0 = time.perf_counter()
                     entry = run(cls, gemm)
                     took = time.perf_counter() - t0
-                    entry = {**entry, "seconds": took}  # the budget's expected cost
+                    entry = {**entry, "took": took}  # the budget's expected cost
                     budget.measured += took
                     budget.runs.append(took)
                     # measured while other processes held the CPUs: this process only
@@ -484,9 +438,8 @@ def default_plan(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     cd = compute_dtype(dtype)
     if not gemm.walk_gemm(cd):
         return SAFE
-    from .fused.walks import parallel_threads
 
-    usable = max(1, min(parallel_threads(), gemm.threads()))
+    usable = max(1, min(openmp.parallel_threads(), gemm.threads()))
     macs = dims.T * dims.B * 4 * dims.H * dims.H  # one direction's recurrent products
     walk = dataclasses.replace(SAFE, walk=True, walk_product="library")
     if dims.D == 2:
@@ -497,48 +450,6 @@ def default_plan(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     if rows > 1 and macs >= rows * WALK_MIN_MACS:
         return dataclasses.replace(walk, threads=rows, walk_rows=rows)
     return walk
-
-
-def _recurrent(method: str, gemm: Any, cd: np.dtype) -> str:
-    return method if method in gemm.fixed_methods(cd) else "blas"
-
-
-def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
-    """``plan`` with whatever this call and process cannot run replaced by the safe choice:
-    methods the back end lacks for the dtype, more threads than available now (the walks' parts
-    included), pair walks of a one-direction layer or of float16 storage (its activations pass
-    through one scratch)."""
-    from .fused.walks import parallel_threads
-
-    cd = compute_dtype(dtype)
-    big = plan.big if plan.big in gemm.product_methods(cd) else "blas"
-    layout = plan.weight_grad if plan.weight_grad in WEIGHT_GRAD_LAYOUTS else "rows"
-
-    def allowed(n: int) -> int:  # never more than the library itself is allowed
-        return min(n, parallel_threads(), gemm.threads()) if n > 1 else 1
-
-    threads = allowed(plan.threads)
-    pairs = plan.pair_walks and dims.D == 2 and cd == np.dtype(dtype) and threads >= 2
-    walk = plan.walk and not pairs
-    walk_rows = 1
-    if pairs or walk:  # a thread per part: per direction of a pair, per block of rows
-        dirs = 2 if pairs else 1
-        walk_rows = max(1, min(plan.walk_rows, allowed(plan.walk_rows * dirs) // dirs))
-    return Plan(
-        big=big,
-        weight_grad=layout,
-        fwd_rec=_recurrent(plan.fwd_rec, gemm, cd),
-        bwd_rec=_recurrent(plan.bwd_rec, gemm, cd),
-        threads=threads,
-        split_min=max(0, plan.split_min),
-        pair_walks=pairs,
-        walk=walk,
-        walk_product=plan.walk_product if gemm.walk_gemm(cd) else "loop",
-        walk_rows=walk_rows,
-        fwd_walk=plan.fwd_walk,
-        transpose_threads=allowed(plan.transpose_threads),
-        convert=plan.convert if plan.convert in CONVERSIONS else "kernels",
-    )
 
 
 _memo: dict[tuple, tuple[Plan, bool]] = {}  # key -> (plan, final: no class waits to be measured)
@@ -565,11 +476,9 @@ def plan_for(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     LSTMGRAD_TUNE=off), then forced fields (LSTMGRAD_PLAN, :func:`forced`), then
     :func:`feasible`. Remembered for the process per shape, settings and thread counts (a call
     pays a dictionary lookup)."""
-    from .tune import calibrating
-
     m = mode()
     forced_fields = overrides()
-    if m == "off" or calibrating.get():  # a measurement's own runs take the forced fields
+    if m == "off":
         return feasible(dataclasses.replace(SAFE, **forced_fields), dims, dtype, gemm)
     key = (gemm.kind, np.dtype(dtype), dims.T, dims.B, dims.I, dims.H, dims.D, m,
            tuple(sorted(forced_fields.items())), _thread_state(gemm.kind), os.getpid(),

@@ -1,8 +1,8 @@
 """The GEMMs an engine runs, behind one small interface, so that one engine serves NumPy callers
-(NumPy's BLAS) and torch callers (torch's BLAS / oneDNN, see :mod:`lstmgrad.tensors`).
+(NumPy's BLAS) and torch callers (torch's BLAS / oneDNN, see :mod:`lstmgrad.ops.tensors`).
 
 A back end only multiplies: which of its methods runs a product is the execution plan's choice
-(:mod:`lstmgrad.plan`), made from measurements on the machine in use.
+(:mod:`lstmgrad.planning.plan`), made from measurements on the machine in use.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ try:
 except ImportError:  # NumPy < 2
     byte_bounds = np.byte_bounds  # type: ignore[attr-defined]
 
-from .fused.kernels import contiguous, matmul_into, transpose_into
-from .fused.walks import transpose_cols
+from .kernels import contiguous, matmul_into, transpose_into
+from .walks import transpose_cols
 
 # (a, out) -> a @ b for a fixed b: in out, or in the library's own new result, returned
 FixedGemm = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -207,7 +207,7 @@ class NumpyGemm:
         return np.matmul(at, b)
 
     def threads(self) -> int:
-        from .machine import blas_threads
+        from ..core.machine import blas_threads
 
         return blas_threads()
 

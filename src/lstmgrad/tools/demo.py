@@ -8,8 +8,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from .api import lstm_backward, lstm_forward
-from .varlen import batch_sizes_from_lengths
+from ..core.varlen import batch_sizes_from_lengths
+from ..ops.api import lstm_backward, lstm_forward
 
 # The operator documentation's samples, and the values they document.
 SAMPLE_DC_PREV = 1.8399487

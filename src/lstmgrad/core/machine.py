@@ -94,16 +94,6 @@ def visible_cpus() -> int:
     return max(1, n)
 
 
-def machine_busy() -> bool:
-    """Whether other work holds the CPUs: the machine's 1-minute load average exceeds its CPUs
-    by more than one runnable thread (the measuring process's own threads fill them)."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return False
-    return load > (os.cpu_count() or 1) + 1
-
-
 def _env_threads(*names: str) -> int | None:
     for name in names:
         value = os.environ.get(name, "").strip()
@@ -184,7 +174,7 @@ def fingerprint(kind: str) -> dict[str, Any]:
     import numba
     import numpy as np
 
-    from . import __version__
+    from .. import __version__
 
     facts: dict[str, Any] = {
         "cpu": cpu_model(),

@@ -1,4 +1,4 @@
-"""Measurements behind the execution plans (:mod:`lstmgrad.plan`), taken on the machine in use.
+"""Measurements behind the execution plans (:mod:`lstmgrad.planning.plan`), taken on the machine in use.
 
 Two classes of shapes are measured, each the first time a call needs it, and stored:
 
@@ -22,7 +22,6 @@ first run. Compilation (Numba's first call) is kept out of the timings by a warm
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import functools
 import time
@@ -31,12 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from .plan import SAFE, WEIGHT_GRAD_LAYOUTS, Plan
-
-#: set while a measurement runs the engine: its calls take the forced plan, unmeasured
-calibrating: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "lstmgrad_calibrating", default=False
-)
+from ..core.contract import check_backward, check_forward
+from ..fused import lstm as fused_lstm
+from ..fused.plan import SAFE, WEIGHT_GRAD_LAYOUTS, Plan
+from . import openmp
+from .feasible import feasible
 
 _STEPS = 48  # steps of the short passes that compare thread arrangements (at most)
 _PASS_SECONDS = 0.02  # about the recurrent products' time in one such pass
@@ -170,7 +168,7 @@ class _BigOperands:
 
     def transpose_dg(self, threads: int) -> None:
         """dG's transposing copy into dgt (the "nt" layouts'), on ``threads``."""
-        from .fused.walks import transpose_cols
+        from ..fused.walks import transpose_cols
 
         n, g = self.n, self.g
         transpose_cols(self.dg.reshape(-1), g, n, 0, g, self.dgt.reshape(-1), threads)
@@ -181,12 +179,10 @@ def _transpose_times(gemm: Any, ops: _BigOperands) -> dict[str, float]:
     per thread count, each timed with the library's product that follows it in the engine: the
     pool's threads spin a while after the copy, and a library with threads of its own
     (OpenBLAS's) can wait for the CPUs they hold, which the copy alone does not show."""
-    from .fused.walks import pairs_available, parallel_threads
-
     method = gemm.product_methods(ops.dg.dtype)[0]
     follow = functools.partial(gemm.product, ops.dg, ops.w_ih, ops.dx, method)
     times: dict[str, float] = {}
-    for threads in sorted({1, parallel_threads() if pairs_available() else 1}):
+    for threads in sorted({1, openmp.parallel_threads() if openmp.pairs_available() else 1}):
 
         def copy_then_product(threads: int = threads) -> None:
             ops.transpose_dg(threads)
@@ -215,8 +211,8 @@ def _weight_grad(gemm: Any, ops: _BigOperands, layout: str, method: str,
     """dW in ``layout`` as the engine runs it on dense steps: "rows", "tn" and "nt" with the
     copy of x into [x | h_prev]'s columns and of one [4H, I + H] result into dW_ih and dW_hh,
     their copies on ``threads``; "nt2" and "rows2" from x and h_prev as they lie."""
-    from .fused.walks import transpose_cols
-    from .gemm import product_into
+    from ..fused.gemm import product_into
+    from ..fused.walks import transpose_cols
 
     i, h, n = ops.i, ops.h, ops.n
     x_cols = ops.xh[:, :i]
@@ -257,7 +253,7 @@ def _copy_at_rows(cls: dict[str, Any], dg: np.ndarray, dgt: np.ndarray, threads:
                   ) -> dict[str, float]:  # fmt: skip
     """Times of dG's transposing copy at the class's N rows and at its R rows (the layer's
     own, bounded), where R > N; else none."""
-    from .fused.walks import transpose_cols
+    from ..fused.walks import transpose_cols
 
     n, r, g = cls["N"], cls.get("R", cls["N"]), dg.shape[1]
     if r <= n:
@@ -279,7 +275,7 @@ def _conversion_times(gemm: Any, n: int, h: int, cd: np.dtype, threads: int) -> 
     """Times of float16 -> float32 and back of an [n, h] array by the engine's kernels (on
     ``threads`` threads) and by the back end's own conversion, where it has one (float32
     compute only: float16 storage's)."""
-    from .fused import half
+    from ..fused import half
 
     if cd != np.float32:
         return {}
@@ -338,7 +334,7 @@ def _walk_product_times(gemm: Any, w_hh: np.ndarray, rows: int, cd: np.dtype) ->
     """Seconds of a walk's two recurrent products (the forward's and the backward's, [rows, H]
     x W_hh^T and [rows, 4H] x W_hh) on this thread: "loop" (the engine's Numba loop) and,
     where the back end has one to call, "library" (its own GEMM: :meth:`Gemm.walk_gemm`)."""
-    from .fused.walks import walk_products
+    from ..fused.walks import walk_products
 
     h = w_hh.shape[1]
     rng = np.random.default_rng(5)
@@ -375,7 +371,7 @@ def _split_min(b: int, h: int, cd: np.dtype, parts: int) -> int:
     """The smallest step (rows * H) from which the step kernels split over ``parts`` threads
     beat one thread, forward and backward together, for row counts B, B/2, B/4, ... (a step
     larger than B * H splits where B does); B * H + 1 where they never do."""
-    from .fused import kernels, walks
+    from ..fused import kernels, walks
 
     rng = np.random.default_rng(2)
     gx, gh = _rand(rng, (b, 4 * h), cd), _rand(rng, (b, 4 * h), cd)
@@ -408,89 +404,77 @@ def _split_min(b: int, h: int, cd: np.dtype, parts: int) -> int:
     return split_min
 
 
-def _pass_times(dims_args: dict[str, Any], kind: str, candidates: dict[str, dict[str, Any]],
+def _pass_times(dims_args: dict[str, Any], gemm: Any, candidates: dict[str, dict[str, Any]],
                 phase_seconds: dict[str, list[float]] | None = None) -> dict[str, float]:  # fmt: skip
-    """Least seconds of the step loops (lstmgrad.fused.lstm.loop_seconds: what the candidates
-    change; the big products would add only their noise) in one forward + backward of the
-    engine on random data per candidate (fields forced), the candidates taking turns for
+    """Least seconds of one forward + backward of the engine (called with each candidate's plan,
+    on ``gemm``, on random data whose narrow input keeps the big products' share small) per
+    candidate, the candidates taking turns for
     :data:`_PASS_ROUNDS` rounds so that a drift of the machine's speed reaches them alike,
     each timed run after an untimed one of the same candidate (the caches and thread pools as
     a repeated call finds them); inf for one whose first run took over three times the best
     first run. Candidates still within :data:`_CLOSE` of the best take up to
     :data:`_PASS_ROUNDS` more rounds among themselves: on a machine whose speed varies, one
     lucky run would otherwise decide a close call, and the decision is kept on disk.
-    ``phase_seconds`` gets, per candidate not dropped, the seconds of its forward's and of its
-    backward's step loops as the least of the best candidate's (the least total) times the
+    ``phase_seconds`` gets, per candidate not dropped, the seconds of its forward and of its
+    backward as the least of the best candidate's (the least total) times the
     median over the rounds of the candidate's ratio to it in each round: runs side by side in
     one round see the machine alike, the least of each over all rounds may come from
     different moments of a drifting machine and flipped close calls."""
-    from . import api, plan
-    from .fused import lstm as fused_lstm
-
     t, b, i, h, d = (dims_args[k] for k in "TBIHD")
     cd = np.dtype(dims_args["dtype"])
     rng = np.random.default_rng(3)
     scale = cd.type(1 / np.sqrt(h))
-    x: Any = _rand(rng, (t, b, i), cd)
-    params: list[Any] = []
+    x = _rand(rng, (t, b, i), cd)
+    params: list[np.ndarray] = []
     for _ in range(d):
         params += [_rand(rng, (4 * h, i), cd) * scale, _rand(rng, (4 * h, h), cd) * scale]
         params += [_rand(rng, (4 * h,), cd) * scale, _rand(rng, (4 * h,), cd) * scale]
-    hx: list[Any] = [np.zeros((d, b, h), cd), np.zeros((d, b, h), cd)]
-    dy: Any = _rand(rng, (t, b, d * h), cd)
-    if kind == "torch":
-        import torch
-
-        x, dy = torch.from_numpy(x), torch.from_numpy(dy)
-        params = [torch.from_numpy(p) for p in params]
-        hx = [torch.from_numpy(a) for a in hx]
+    hx = [np.zeros((d, b, h), cd), np.zeros((d, b, h), cd)]
+    dy = _rand(rng, (t, b, d * h), cd)
     bidir = d == 2
-    phases = [0.0, 0.0]  # the last run's step loops' forward and backward seconds
+    forward = check_forward("tune", x, params, hx, None, True, 1, 0.0, True, bidir, False, 0)
+    plans = {name: feasible(dataclasses.replace(SAFE, **fields), forward.dims, cd, gemm)
+             for name, fields in candidates.items()}  # fmt: skip
+    phases = [0.0, 0.0]  # the last run's forward and backward seconds
 
-    def run() -> None:
-        loops = [0.0, 0.0]
-        token = fused_lstm.loop_seconds.set(loops)
-        try:
-            fw = api.lstm_forward(x, params, hx, bidirectional=bidir)
-            s: Any = fw.saved
-            api.lstm_backward(x, hx, params, dy, None, None, s.i, s.g, s.f, s.o, s.h, s.c,
-                              s.tanhc, bidirectional=bidir)  # fmt: skip
-        finally:
-            fused_lstm.loop_seconds.reset(token)
-        phases[:] = loops
+    def run(name: str) -> None:  # the engine itself, with the candidate's plan
+        t0 = time.perf_counter()
+        _, _, _, s = fused_lstm.lstm_forward(forward, gemm=gemm, plan=plans[name])
+        t1 = time.perf_counter()
+        saved = (s.i, s.g, s.f, s.o, s.h, s.c, s.tanhc)
+        backward = check_backward("tune", x, hx, params, dy, None, None, saved, None, True, 1,
+                                  0.0, True, bidir, False, None, None)  # fmt: skip
+        t2 = time.perf_counter()
+        fused_lstm.lstm_backward(backward, gemm=gemm, plan=plans[name])
+        phases[:] = [t1 - t0, time.perf_counter() - t2]
 
-    def timed(name: str) -> float:  # the step loops' seconds of a run after an untimed one
-        with plan.forced(**candidates[name]):
-            run()
-            run()
+    def timed(name: str) -> float:  # the seconds of a run after an untimed one
+        run(name)
+        run(name)
         rounds[-1][name] = list(phases)
         return sum(phases)
 
-    token = calibrating.set(True)
     rounds: list[dict[str, list[float]]] = [{}]  # per round, each candidate's phase seconds
-    try:
-        seconds: dict[str, float] = {}
-        for name in candidates:  # warm: compiles, allocates, first plans
-            seconds[name] = timed(name)
-        rounds[:] = []  # the first runs are not paired: they compile and allocate
-        first = min(seconds.values())
-        alive = [name for name, t in seconds.items() if t <= 3 * first]
-        seconds = {name: (t if name in alive else float("inf")) for name, t in seconds.items()}
-        for round_ in range(2 * _PASS_ROUNDS):
-            if round_ >= _PASS_ROUNDS:  # the extra rounds: the close candidates only
-                best = min(seconds[name] for name in alive)
-                alive = [name for name in alive if seconds[name] <= _CLOSE * best]
-                if len(alive) < 2:
-                    break
-            rounds.append({})
-            for name in alive:  # each timed run after one of its own, as in a training loop
-                seconds[name] = min(seconds[name], timed(name))
-        if phase_seconds is not None:
-            kept = [n for n, t in seconds.items() if t != float("inf")]
-            phase_seconds.update(_paired_phases(rounds, kept, min(kept, key=seconds.__getitem__)))
-        return seconds
-    finally:
-        calibrating.reset(token)
+    seconds: dict[str, float] = {}
+    for name in candidates:  # warm: compiles, allocates, first plans
+        seconds[name] = timed(name)
+    rounds[:] = []  # the first runs are not paired: they compile and allocate
+    first = min(seconds.values())
+    alive = [name for name, t in seconds.items() if t <= 3 * first]
+    seconds = {name: (t if name in alive else float("inf")) for name, t in seconds.items()}
+    for round_ in range(2 * _PASS_ROUNDS):
+        if round_ >= _PASS_ROUNDS:  # the extra rounds: the close candidates only
+            best = min(seconds[name] for name in alive)
+            alive = [name for name in alive if seconds[name] <= _CLOSE * best]
+            if len(alive) < 2:
+                break
+        rounds.append({})
+        for name in alive:  # each timed run after one of its own, as in a training loop
+            seconds[name] = min(seconds[name], timed(name))
+    if phase_seconds is not None:
+        kept = [n for n, t in seconds.items() if t != float("inf")]
+        phase_seconds.update(_paired_phases(rounds, kept, min(kept, key=seconds.__getitem__)))
+    return seconds
 
 
 def _paired_phases(rounds: list[dict[str, list[float]]], names: list[str],
@@ -514,13 +498,11 @@ def _paired_phases(rounds: list[dict[str, list[float]]], names: list[str],
 def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
     """The recurrent products' times per method, the split step kernels' smallest paying step,
     and the thread arrangement of the fastest short forward + backward pass."""
-    from .fused.walks import pairs_available, parallel_threads
-
     cd = np.dtype(cls["dtype"])
     b, h, d = cls["B"], cls["H"], cls["D"]
     rng = np.random.default_rng(4)
     w_hh = _rand(rng, (4 * h, h), cd)
-    threads = parallel_threads() if pairs_available() else 1
+    threads = openmp.parallel_threads() if openmp.pairs_available() else 1
     # a preparation's transposing copy on each thread count the big products' copies may get
     # (the plan prices it with theirs); the passes below run it on one (the safe plan's)
     counts = sorted({1, threads})
@@ -568,7 +550,7 @@ def measure_steps(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
         step = rec["fwd"][fields["fwd_rec"]]["call"] + rec["bwd"][fields["bwd_rec"]]["call"]
         steps = max(3, min(_STEPS, int(_PASS_SECONDS / max(step, 1e-9))))
         shape = {"T": steps, "B": b, "I": min(h, _PASS_INPUT), "H": h, "D": d, "dtype": str(cd)}
-        seconds = _pass_times(shape, cls["kind"], candidates, phases)
+        seconds = _pass_times(shape, gemm, candidates, phases)
     arrangement = {"candidates": candidates, "phases": phases, "steps": steps, "D": d}
     chosen = _arrangement(arrangement, rec, _STEPS)
     return {
@@ -672,42 +654,3 @@ def parse_shape(text: str) -> dict[str, int]:
         )
     values += [1] * (6 - len(values))
     return dict(zip("TBIHLD", values, strict=True))
-
-
-def tune_shapes(shapes: list[dict[str, int]], kind: str, dtype: str) -> list[dict[str, Any]]:
-    """Measure (where not stored yet) the classes of ``shapes`` for back end ``kind`` ("numpy"
-    or "torch"); per shape the plan it gets, the seconds it took and, where its measurements
-    are not on disk for later processes, why ("not_stored"; empty when stored)."""
-    from .layout import Dims
-    from .plan import plan_for
-
-    gemm: Any
-    if kind == "torch":
-        import torch  # noqa: F401  (the torch back end needs it loaded)
-
-        from .tensors import torch_gemm
-
-        gemm = torch_gemm()
-    else:
-        from .gemm import NUMPY_GEMM
-
-        gemm = NUMPY_GEMM
-    from .plan import big_class, eager, mode, step_class, wisdom
-
-    rows = []
-    for shape in shapes:
-        dims = Dims(shape["T"], shape["B"], shape["I"], shape["H"], shape["L"], shape["D"], True)
-        t0 = time.perf_counter()
-        with eager():  # asked for: measured now, whatever the budget
-            chosen = plan_for(dims, np.dtype(dtype), gemm)
-        seconds = time.perf_counter() - t0
-        store = wisdom(gemm.kind)
-        classes = (big_class(dims, np.dtype(dtype), gemm.kind),
-                   step_class(dims, np.dtype(dtype), gemm.kind))  # fmt: skip
-        missing = ""
-        if not all(store.stored(c) for c in classes):
-            missing = (f"LSTMGRAD_TUNE={mode()}: nothing is measured" if mode() in ("off", "cached") else
-                       "measured while other processes used the CPUs: kept for this process "
-                       "only (run again on a quiet machine)")  # fmt: skip
-        rows.append({"shape": shape, "plan": chosen, "seconds": seconds, "not_stored": missing})
-    return rows

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
-from .layout import Dims, num_params
+from ..core.layout import Dims, num_params
 
 __all__ = ["torch_lstm", "second_order", "lstm_function", "register"]
 

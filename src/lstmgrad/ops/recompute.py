@@ -6,7 +6,7 @@ the state (h, c) at the start of every segment of ``k`` steps; the backward re-r
 forward on one segment at a time from its checkpoint to regenerate that segment's activations,
 then runs the segment's backward with the gradients of its final state carried from the
 segment after it (docs/math.md#recompute). Each segment is one single-layer, unidirectional
-call of the core API (:func:`lstmgrad.api.run_forward` / :func:`lstmgrad.api.run_backward`):
+call of the core API (:func:`lstmgrad.ops.api.run_forward` / :func:`lstmgrad.ops.api.run_backward`):
 the reverse direction runs on the time-reversed segment, with its batch sizes reversed too.
 
 Results against the normal mode: the output, h_n, c_n and every step's gate maths are the same
@@ -27,18 +27,18 @@ from typing import Any
 
 import numpy as np
 
+from ..core.contract import check_backward, check_forward
+from ..core.errors import LstmInvalidArgumentError
+from ..core.layout import B_HH, B_IH, W_IH, Dims, params_per_direction
+from ..core.workspace import workspace_bytes
+from ..fused.gemm import Gemm, reusing_prepared
+from ..fused.lstm import backward_workspace_slots, forward_workspace_slots
+from ..fused.plan import SAFE, compute_dtype
 from .api import check_memory, run_backward, run_forward
-from .contract import check_backward, check_forward
-from .errors import LstmInvalidArgumentError
-from .fused.lstm import backward_workspace_slots, forward_workspace_slots
-from .gemm import NUMPY_GEMM, Gemm, reusing_prepared
-from .layout import B_HH, B_IH, W_IH, Dims, params_per_direction
-from .plan import SAFE, compute_dtype, forced, plan_for
-from .workspace import workspace_bytes
 
 __all__ = ["Checkpoints", "forward", "backward", "segment_length", "checkpoint_bytes"]
 
-_FN = "lstmgrad.recompute"
+_FN = "lstmgrad.ops.recompute"
 
 
 def _segment_bytes(dims: Dims, steps: int, dtype: np.dtype) -> int:
@@ -49,8 +49,8 @@ def _segment_bytes(dims: Dims, steps: int, dtype: np.dtype) -> int:
     seg = Dims(steps, dims.B, width, dims.H, 1, 1, dims.has_bias)
     size = np.dtype(dtype).itemsize
     scratch = max(
-        workspace_bytes(forward_workspace_slots(seg, dtype, NUMPY_GEMM, SAFE)),
-        workspace_bytes(backward_workspace_slots(seg, dtype, NUMPY_GEMM, SAFE)),
+        workspace_bytes(forward_workspace_slots(seg, dtype, SAFE)),
+        workspace_bytes(backward_workspace_slots(seg, dtype, SAFE)),
     )
     rows, hidden = steps * dims.B, dims.H
     fwd_results = (rows * hidden * 8 + 2 * dims.B * hidden) * size  # y + 7 saved, hy, cy
@@ -164,15 +164,13 @@ def _segments(dims: Dims, k: int, direction: int) -> list[tuple[int, int, int]]:
 
 
 @contextlib.contextmanager
-def _segment_plans(ck: Checkpoints, layer: int, gemm: Gemm | None) -> Iterator[None]:
+def _segment_plans(ck: Checkpoints, layer: int) -> Iterator[Dims]:
     """The segments of one layer prepare each recurrent weight once (transposed, packed) and
-    use the recurrent methods the whole sequence's plan picks: its preparation is paid once,
-    not once a segment."""
+    run the plan of the whole sequence (the sizes yielded, for the API's ``plan_dims``): its
+    preparation is paid once, not once a segment."""
     dims = ck.dims
-    whole = Dims(dims.T, dims.B, dims.layer_input_size(layer), dims.H, 1, 1, dims.has_bias)
-    plan = plan_for(whole, ck.dtype, gemm or NUMPY_GEMM)
-    with reusing_prepared(ck.params), forced(fwd_rec=plan.fwd_rec, bwd_rec=plan.bwd_rec):
-        yield
+    with reusing_prepared(ck.params):
+        yield Dims(dims.T, dims.B, dims.layer_input_size(layer), dims.H, 1, 1, dims.has_bias)
 
 
 class _Segment:
@@ -206,12 +204,13 @@ class _Segment:
         a = a.reshape(self.steps, batch, a.shape[-1])
         return a[::-1] if self.reverse else a
 
-    def forward(self, h0: np.ndarray, c0: np.ndarray, train: bool, gemm: Gemm | None) -> Any:
+    def forward(self, h0: np.ndarray, c0: np.ndarray, train: bool, gemm: Gemm | None,
+                plan_dims: Dims) -> Any:  # fmt: skip
         call = check_forward(
             _FN, self.x, self.params, [h0[None], c0[None]], self.bs, len(self.params) == 4, 1,
             0.0, train, False, False, None,
         )  # fmt: skip
-        return run_forward(call, None, "fused", gemm)
+        return run_forward(call, None, "fused", gemm, plan_dims=plan_dims)
 
 
 def forward(
@@ -260,11 +259,11 @@ def forward(
             hs = np.empty((segs, batch, hidden), dtype=dtype)
             cs = np.empty_like(hs)
             h, c = h0[kk], c0[kk]
-            with _segment_plans(ck, layer, gemm):
+            with _segment_plans(ck, layer) as whole:
                 for j, a, b in _segments(dims, k, d):
                     hs[j], cs[j] = h, c
                     seg = _Segment(ck, layer, d, a, b)
-                    res = seg.forward(h, c, False, gemm)
+                    res = seg.forward(h, c, False, gemm, whole)
                     y[a:b, :, d * hidden : (d + 1) * hidden] = seg.unflip(res.output, batch)
                     h, c = res.hy[0], res.cy[0]
             hy[kk], cy[kk] = h, c
@@ -317,11 +316,11 @@ def backward(
             kk = layer * dims.D + d
             g_h = np.zeros((batch, hidden), dtype=dtype) if dh is None else dh[kk]
             g_c = np.zeros((batch, hidden), dtype=dtype) if dc is None else dc[kk]
-            with _segment_plans(ck, layer, gemm):
+            with _segment_plans(ck, layer) as whole:
                 for j, a, b in _segments(dims, ck.k, d)[::-1]:
                     seg = _Segment(ck, layer, d, a, b)
                     h0, c0 = ck.h[kk][j], ck.c[kk][j]
-                    fwd = seg.forward(h0, c0, True, gemm)
+                    fwd = seg.forward(h0, c0, True, gemm, whole)
                     dy_seg = None
                     if dy is not None:
                         dy_seg = seg.flip(dy[a:b, :, d * hidden : (d + 1) * hidden])
@@ -331,7 +330,7 @@ def backward(
                         [want_dx, True, True, need_dw], None,
                     )  # fmt: skip
                     del fwd
-                    res = run_backward(call, None, "fused", gemm)
+                    res = run_backward(call, None, "fused", gemm, whole)
                     assert res.dh_prev is not None and res.dc_prev is not None
                     g_h, g_c = res.dh_prev[0], res.dc_prev[0]
                     if want_dx:

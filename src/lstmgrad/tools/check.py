@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from .api import lstm_backward
-from .contract import LstmBackwardResult, check_backward
-from .errors import LstmArgumentError, torch_missing
-from .layout import num_params, param_name
+from ..core.contract import LstmBackwardResult, check_backward
+from ..core.errors import LstmArgumentError, torch_missing
+from ..core.layout import num_params, param_name
+from ..ops.api import lstm_backward
+from ..ops.tensors import from_torch
 from .metrics import BOUND_FACTOR, bound
-from .tensors import from_torch
 
 SAVED = ("i", "g", "f", "o", "h", "c", "tanhc")
 FLAGS = ("hasBias", "numLayers", "dropout", "train", "bidirectional", "batchFirst")

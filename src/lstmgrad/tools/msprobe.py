@@ -1,6 +1,6 @@
 """Reading what Ascend's msProbe dumps, and finding the LSTM calls in it (docs/check.md).
 
-Two routes lead to a :class:`lstmgrad.golden.Case`:
+Two routes lead to a :class:`lstmgrad.tools.golden.Case`:
 
 - an API / module dump (task "tensor" or "statistics"): ``step*/rank*/dump.json`` with its
   ``dump_tensor_data/`` folder. Every ``VF.lstm``, ``Torch.lstm`` and ``Aten.lstm`` forward
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import torch_missing
+from ..core.errors import torch_missing
+from ..core.layout import Dims, num_params, param_name
 from .golden import SAVED, CallReport, Case, CaseError, Device, expected_params, judge
-from .layout import Dims, num_params, param_name
 from .metrics import BOUND_FACTOR
 
 API_FORWARD = re.compile(r"^(VF|Torch|Aten)\.lstm(\.[A-Za-z_]\w*)?\.(\d+)\.forward$")
