@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from shapes import SHAPES  # noqa: E402
 
 import lstmgrad  # noqa: E402
-from lstmgrad import plan  # noqa: E402
+from lstmgrad.planning import plan  # noqa: E402
+from lstmgrad.tools import workloads  # noqa: E402
 
 # (LSTMGRAD_TUNE, store): off = the safe plan; cached with an empty store = the default plan
 PLANS = {"off": ("off", "safe"), "default": ("cached", "empty"), "measured": ("eager", "store")}
@@ -48,13 +49,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     dense = [s.id for s in SHAPES if s.lengths_range is None]
     p.add_argument("--shapes", default=",".join(dense))
+    p.add_argument("--grid", action="store_true",
+                   help="the grid's shapes (lstmgrad.tools.workloads.grid_sample) instead")  # fmt: skip
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="lstmgrad-default-plan-"))
-    by_name = {s.id: s for s in SHAPES}
+    by_name: dict = {s.id: s for s in SHAPES}
+    if args.grid:  # the realistic grid: I = H, the LSTM alone
+        by_name = {s.id: s for s in workloads.grid_sample()}
+        args.shapes = ",".join(by_name)
     out = {"load": os.getloadavg(), "cpu": lstmgrad.core.machine.cpu_model(), "shapes": {}}
-    print(f"{'shape':9s} {'off ms':>9s} {'default ms':>11s} {'measured ms':>12s}  off/measured"
+    print(f"{'shape':22s} {'off ms':>9s} {'default ms':>11s} {'measured ms':>12s}  off/measured"
           "  default/measured")  # fmt: skip
     for name in args.shapes.split(","):
         s = by_name[name]
@@ -75,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                 times[which].append(run(which, root, x, params, kw))
         ms = {w: 1e3 * statistics.median(t) for w, t in times.items()}
         out["shapes"][name] = ms
-        print(f"{name:9s} {ms['off']:9.1f} {ms['default']:11.1f} {ms['measured']:12.1f}  "
+        print(f"{name:22s} {ms['off']:9.1f} {ms['default']:11.1f} {ms['measured']:12.1f}  "
               f"{ms['off'] / ms['measured']:12.2f}  {ms['default'] / ms['measured']:16.2f}",
               flush=True)  # fmt: skip
     plan.forget()

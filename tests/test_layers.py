@@ -165,7 +165,7 @@ def test_only_the_api_asks_for_a_plan():
             if isinstance(node, ast.Call):
                 f = node.func
                 name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-                if name == "plan_for":
+                if name in ("plan_for", "plan_call"):
                     callers.append(_module(path))
     assert set(callers) == {"ops.api"}, callers
 

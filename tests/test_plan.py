@@ -245,7 +245,8 @@ def test_calibration_stored_and_reused(store, monkeypatch):
     data = json.loads(files[0].read_text())
     assert data["facts"]["kind"] == "numpy"
     classes = [json.loads(k) for k in data["entries"]]
-    assert sorted(c["what"] for c in classes) == ["big", "steps"]
+    whats = sorted(c["what"] for c in classes)  # the gate where the measured plan differs
+    assert whats in (["big", "steps"], ["big", "gate", "steps"])
     steps = data["entries"][json.dumps(plan.step_class(TINY_BI, np.float32, "numpy"),
                                        sort_keys=True)]  # fmt: skip
     assert set(steps["recurrent"]["fwd"]) == set(NUMPY_GEMM.fixed_methods(np.float32))
@@ -735,7 +736,10 @@ def test_tune_command_measures_shows_and_resets(store, capsys):
     assert lines[1].startswith("T3 B2 I4 H4 L2 D2 (numpy, float32): ")
     assert main(["tune", "--show", "--input", "numpy"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown["mode"] == "eager" and len(shown["numpy"]["entries"]) == 4  # big, steps per shape
+    whats = sorted(json.loads(k)["what"] for k in shown["numpy"]["entries"])
+    # per shape its big products and step loops, and a gate where the measured plan differs
+    assert shown["mode"] == "eager" and whats.count("big") == whats.count("steps") == 2
+    assert set(whats) <= {"big", "steps", "gate"}
     assert main(["tune", "--reset", "--input", "numpy"]) == 0
     assert "forgot" in capsys.readouterr().out
     assert not list(store.glob("wisdom-*.json"))
@@ -914,3 +918,111 @@ def test_default_plan_runs_an_unmeasured_class_to_the_reference(monkeypatch, tmp
     for g, w in zip(got.dparams, want.dparams, strict=True):
         np.testing.assert_allclose(g.numpy().astype(np.float64), w, atol=tol * 10 * scale)
     plan.forget()
+
+
+# --------------------------------------------------------------------------------------------
+# the gate, the busy rule, the in-use check
+
+
+def _scripted_classes(monkeypatch, ratio):
+    """Measurements that give TINY a plan other than the default (a one-call walk on NumPy,
+    whose default is SAFE), and a gate that finds it ``ratio`` times as fast."""
+    monkeypatch.setattr(tune, "measure_big", lambda cls, gemm: {"plan": {"weight_grad": "tn"}})
+    monkeypatch.setattr(tune, "measure_steps", lambda cls, gemm: {"plan": {"walk": True}})
+    gates = []
+
+    def gate(dims, dtype, gemm, default, measured):
+        gates.append((dims, default, measured))
+        return {"steps": dims.T, "default": ratio, "measured": 1.0, "ratio": ratio}
+
+    monkeypatch.setattr(tune, "gate", gate)
+    return gates
+
+
+@pytest.mark.parametrize("ratio, wins", [(1.03, False), (plan.GATE_MARGIN, True), (1.5, True)])
+def test_a_measured_plan_replaces_the_default_only_past_the_margin(store, monkeypatch, ratio, wins):
+    gates = _scripted_classes(monkeypatch, ratio)
+    f32 = np.dtype(np.float32)
+    got = plan.plan_for(TINY, f32, NUMPY_GEMM)
+    ((dims, default, measured),) = gates
+    assert dims == dataclasses.replace(TINY, L=1) and default == SAFE
+    assert measured.walk and measured.weight_grad == "tn"
+    assert got == (measured if wins else default)
+    plan.forget()  # a later process reads the gate's decision, measures nothing
+    _no_measuring(monkeypatch)
+    monkeypatch.setattr(tune, "gate", lambda *a: pytest.fail("gate run again"))
+    assert plan.plan_for(TINY, f32, NUMPY_GEMM) == got
+
+
+def test_no_gate_where_the_measurements_give_the_default(store, monkeypatch):
+    monkeypatch.setattr(tune, "measure_big", lambda cls, gemm: {"plan": {}})
+    monkeypatch.setattr(tune, "measure_steps", lambda cls, gemm: {"plan": {}})
+    monkeypatch.setattr(tune, "gate", lambda *a: pytest.fail("gated the default against itself"))
+    assert plan.plan_for(TINY, np.dtype(np.float32), NUMPY_GEMM) == SAFE
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_busy_machine_measures_nothing_and_keeps_nothing(store, monkeypatch, when):
+    """Busy before measuring: nothing runs; busy once it ran: the result is dropped (neither
+    used nor stored). Either way the default serves, and measuring waits BUSY_RETRY seconds."""
+    monkeypatch.setenv("LSTMGRAD_TUNE", "on")
+    monkeypatch.setattr(plan.budget, "allows", lambda kind: True)
+    ran = []
+    states = iter([False, True] if when == "after" else [True])
+    monkeypatch.setattr(plan, "machine_busy", lambda: next(states, True))
+    monkeypatch.setattr(tune, "measure_big", lambda cls, gemm: ran.append(1) or {"plan": {}})
+    f32 = np.dtype(np.float32)
+    assert plan.plan_for(TINY, f32, NUMPY_GEMM) == SAFE
+    assert ran == ([1] if when == "after" else [])
+    assert not list(store.glob("wisdom-*.json")) and plan.budget.busy >= 1
+    monkeypatch.undo()  # the real budget: it waits BUSY_RETRY seconds before measuring again
+    assert not plan.budget.allows("numpy")
+
+
+def test_the_in_use_check_goes_back_to_the_default_when_it_loses(store, monkeypatch):
+    """A measured plan in use runs the default on every WATCH_EVERY-th call; once the sampled
+    default calls are faster by the margin (the measured plan collapsed) the default serves,
+    and the stored decision is turned for later processes. Calls of a sized workspace (the
+    mirror's) are never sampled."""
+    _scripted_classes(monkeypatch, 2.0)
+    f32 = np.dtype(np.float32)
+    measured = plan.plan_for(TINY, f32, NUMPY_GEMM)
+    assert measured != SAFE
+    picked = []
+    for _ in range(plan.WATCH_EVERY * (plan.WATCH_SAMPLES + 1)):
+        p, done = plan.plan_call(TINY, f32, NUMPY_GEMM, "backward")
+        picked.append(p)
+        done(0.010 if p == measured else 0.005)  # the default is twice as fast now
+        if p == SAFE and picked.count(SAFE) == plan.WATCH_SAMPLES:
+            break
+    assert picked.count(SAFE) == plan.WATCH_SAMPLES  # one sample every WATCH_EVERY calls
+    assert picked.index(SAFE) == plan.WATCH_EVERY - 1
+    assert plan.plan_for(TINY, f32, NUMPY_GEMM) == SAFE  # lost: the default from now on
+    assert plan.plan_call(TINY, f32, NUMPY_GEMM, "forward")[0] == SAFE
+    plan.forget()
+    assert plan.plan_for(TINY, f32, NUMPY_GEMM) == SAFE  # and in a later process
+
+
+def test_the_in_use_check_keeps_a_plan_that_holds_and_never_samples_a_sized_call(
+    store, monkeypatch
+):
+    _scripted_classes(monkeypatch, 2.0)
+    f32 = np.dtype(np.float32)
+    measured = plan.plan_for(TINY, f32, NUMPY_GEMM)
+    for _ in range(plan.WATCH_EVERY * 6):
+        p, done = plan.plan_call(TINY, f32, NUMPY_GEMM, "forward")
+        done(0.005 if p == measured else 0.010)  # the default still twice as slow
+    assert plan.plan_for(TINY, f32, NUMPY_GEMM) == measured
+    sized = {plan.plan_call(TINY, f32, NUMPY_GEMM, "forward", sample=False)[0]
+             for _ in range(plan.WATCH_EVERY * 2)}  # fmt: skip
+    assert sized == {measured}
+
+
+def test_the_gate_times_both_plans_in_turns_on_the_engine():
+    """The real gate: both plans run on one layer of the call's sizes, in alternating rounds,
+    steps cut to about GATE_SECONDS a pass; the ratio is default / measured."""
+    dims = Dims(T=6, B=3, I=4, H=5, L=1, D=1, has_bias=True)
+    walk = dataclasses.replace(SAFE, walk=True)
+    got = tune.gate(dims, np.dtype(np.float32), NUMPY_GEMM, SAFE, walk)
+    assert 1 <= got["steps"] <= dims.T and got["default"] > 0 and got["measured"] > 0
+    assert got["ratio"] > 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -27,7 +27,16 @@ from ..core.layout import Dims
 from ..core.workspace import Arena, scratch_held, workspace_bytes
 from ..fused.gemm import NUMPY_GEMM, Gemm
 from ..fused.plan import SAFE, Plan
-from ..planning.plan import big_class, eager, mode, note_call, plan_for, step_class, wisdom
+from ..planning.plan import (
+    big_class,
+    eager,
+    gate_class,
+    mode,
+    plan_call,
+    plan_for,
+    step_class,
+    wisdom,
+)
 from .tensors import from_torch, to_tensors, torch_gemm
 
 ENGINES: dict[str, ModuleType] = {"fused": fused, "reference": reference}  # contract.IMPLS
@@ -39,15 +48,19 @@ def engine_plan(dims: Dims, dtype: np.dtype, gemm: Gemm | None = None) -> Plan:
     return plan_for(dims, dtype, gemm or NUMPY_GEMM)
 
 
-def _engine_args(impl: str, call: ForwardCall | BackwardCall, gemm: Gemm | None,
-                 plan_dims: Dims | None = None) -> dict[str, Any]:  # fmt: skip
+def _engine_args(impl: str, call: ForwardCall | BackwardCall, arena: Arena | None,
+                 gemm: Gemm | None, plan_dims: Dims | None,
+                 part: str) -> tuple[dict[str, Any], Callable[[float], None] | None]:  # fmt: skip
     """The fused engine takes the GEMMs to use and the call's plan (made once, for the memory
-    check and the run alike; for a call of ``plan_dims`` where given); the reference always
-    computes with NumPy."""
+    check and the run alike; for a call of ``plan_dims`` where given), and the planner wants
+    the call's seconds (:func:`lstmgrad.planning.plan.plan_call`; never a sample of another
+    plan where the caller's workspace was sized for this one); the reference always computes
+    with NumPy."""
     if impl != "fused":
-        return {}
+        return {}, None
     g = gemm or NUMPY_GEMM
-    return {"gemm": g, "plan": engine_plan(plan_dims or call.dims, call.dtype, g)}
+    plan, done = plan_call(plan_dims or call.dims, call.dtype, g, part, sample=arena is None)
+    return {"gemm": g, "plan": plan}, done
 
 
 _last_reading: tuple[float, int | None] = (-1e9, None)  # (monotonic time, bytes available)
@@ -115,7 +128,7 @@ def run_backward(
         # (the backward's results do not depend on the plan: counted once for both checks)
         results = fused.backward_bytes(call)
         check_memory("lstm_backward", results, results_only=True)
-    args = _engine_args(impl, call, gemm, plan_dims)
+    args, done = _engine_args(impl, call, arena, gemm, plan_dims, "backward")
     if args and any(call.need):
         _need("lstm_backward", call, arena, **args, forward=False, results=results)
     start = time.perf_counter()
@@ -125,8 +138,8 @@ def run_backward(
         raise
     except Exception as exc:  # anything unexpected is the contract's internal error
         raise LstmInternalError(f"lstm_backward: internal error: {exc!r}") from exc
-    if args:
-        note_call(time.perf_counter() - start)  # the measuring budget grows with the calls
+    if done is not None:  # the measuring budget grows with the calls; the in-use check
+        done(time.perf_counter() - start)
     if dx is not None:
         dx = call.layout.from_time_major(dx)
     return LstmBackwardResult(dx, dh_prev, dc_prev, dparams)
@@ -154,7 +167,7 @@ def run_forward(
     if impl == "fused":  # the results alone, before a plan is measured
         need = fused.forward_bytes(call, SAFE) - given
         check_memory("lstm_forward", need, results_only=True)
-    args = _engine_args(impl, call, gemm, plan_dims)
+    args, done = _engine_args(impl, call, arena, gemm, plan_dims, "forward")
     if args:
         _need("lstm_forward", call, arena, **args, forward=True, given=given)
         if saved_into is not None:
@@ -166,8 +179,8 @@ def run_forward(
         raise
     except Exception as exc:
         raise LstmInternalError(f"lstm_forward: internal error: {exc!r}") from exc
-    if args:
-        note_call(time.perf_counter() - start)
+    if done is not None:
+        done(time.perf_counter() - start)
     return LstmForwardResult(call.layout.from_time_major(y), hy, cy, saved)
 
 
@@ -364,7 +377,9 @@ def tune_shapes(shapes: list[dict[str, int]], kind: str, dtype: str) -> list[dic
         missing = ""
         if not all(store.stored(c) for c in classes):
             missing = (f"LSTMGRAD_TUNE={mode()}: nothing is measured" if mode() in ("off", "cached") else
-                       "measured while other processes used the CPUs: kept for this process "
-                       "only (run again on a quiet machine)")  # fmt: skip
-        rows.append({"shape": shape, "plan": chosen, "seconds": seconds, "not_stored": missing})
+                       "other processes used the CPUs: nothing measured is kept (run again on "
+                       "a quiet machine)")  # fmt: skip
+        gate = store.get(gate_class(dims, np.dtype(dtype), gemm.kind))
+        rows.append({"shape": shape, "plan": chosen, "seconds": seconds, "not_stored": missing,
+                     "gate": None if gate is None else gate["ratio"]})  # fmt: skip
     return rows

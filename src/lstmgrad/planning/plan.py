@@ -32,7 +32,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +155,11 @@ MEASURE_GUESS = 2.0
 cores."""
 
 
+BUSY_RETRY = 30.0
+"""Seconds without measuring after the machine was found busy (checking the load is cheap, but
+a plan made again on every call is not)."""
+
+
 class _Budget:
     """Seconds spent in calls and in measuring by this process (floats added under the GIL)."""
 
@@ -162,6 +167,8 @@ class _Budget:
         self.calls = 0.0
         self.measured = 0.0
         self.runs: list[float] = []
+        self.busy = 0  # measurements skipped or dropped: other processes held the CPUs
+        self.retry_at = 0.0  # time.monotonic() before which nothing is measured
         self._stored: float | None = None  # the stored measurements' mean duration, read once
         self._carried: float | None = None  # call seconds earlier processes left unspent
 
@@ -186,8 +193,16 @@ class _Budget:
             self._stored = sum(done) / len(done) if done else MEASURE_GUESS
         return self._stored
 
+    def wait(self) -> None:
+        """Other processes hold the CPUs: no measuring for :data:`BUSY_RETRY` seconds."""
+        self.busy += 1
+        self.retry_at = time.monotonic() + BUSY_RETRY
+
     def allows(self, kind: str) -> bool:
-        """Measuring one more class keeps within :data:`MEASURE_SHARE` of the calls' time."""
+        """Measuring one more class keeps within :data:`MEASURE_SHARE` of the calls' time, and
+        the machine was not found busy in the last :data:`BUSY_RETRY` seconds."""
+        if time.monotonic() < self.retry_at:
+            return False
         self.carried()
         spare = MEASURE_SHARE * self.calls - self.measured
         return spare > 0 and spare >= self.expected(kind)
@@ -380,31 +395,61 @@ def wisdom(kind: str) -> Wisdom:
 # plans
 
 
+GATE_MARGIN = 1.05
+"""A measured plan replaces the default plan only where it ran at least this much faster in the
+gate's interleaved rounds (:func:`lstmgrad.planning.tune.gate`): within 5% the default's
+robustness (no library call and no thread hand-off per step) is worth more than the gain, and
+5% is above the rounds' noise on a quiet machine."""
+
+
+def _measure(store: Wisdom, cls: dict[str, Any], run: Any, m: str, kind: str) -> Any:
+    """The stored entry of ``cls``, else ``run()`` measured now where the mode and budget allow
+    and no other process holds the CPUs; stored only where they stayed free while it ran (a
+    measurement of a loaded machine is dropped: it never replaces or becomes a decision). None
+    where nothing is known yet."""
+    entry = store.get(cls)
+    if entry is not None or not (m == "eager" or (m == "on" and budget.allows(kind))):
+        return entry
+    with store.lock:
+        entry = store.get(cls)
+        if entry is not None:
+            return entry
+        if machine_busy():
+            budget.wait()
+            return None
+        t0 = time.perf_counter()
+        entry = run()
+        took = time.perf_counter() - t0
+        budget.measured += took
+        budget.runs.append(took)
+        if machine_busy():
+            budget.wait()
+            return None
+        entry = {**entry, "took": took}  # the budget's expected cost
+        store.put(cls, entry)
+        return entry
+
+
+def gate_class(dims: Dims, dtype: np.dtype, kind: str) -> dict[str, Any]:
+    """The class of the gate's decision: the step loops' and the big products' classes, and the
+    steps rounded up to a power of two (a plan's arrangement depends on the sequence length)."""
+    return {**step_class(dims, dtype, kind), "what": "gate", "I": dims.I, "T": bucket(dims.T)}
+
+
 def _measured(dims: Dims, dtype: np.dtype, gemm: Any, m: str) -> tuple[Plan, bool]:
-    """The plan from this machine's measurements of the call's classes (measured now where
-    missing: always in mode "eager", within the budget in mode "on"), and whether every class
-    had its measurement."""
+    """The plan of the call's classes: the default plan, or the plan from this machine's
+    measurements where it beat the default in the gate by :data:`GATE_MARGIN` (measured now
+    where missing: always in mode "eager", within the budget in mode "on", never while other
+    processes load the machine); and whether nothing is left to measure."""
     store = wisdom(gemm.kind)
+    default = default_plan(dims, dtype, gemm)
     fields: dict[str, Any] = {}
     complete = True
     for cls, run in (
         (big_class(dims, dtype, gemm.kind), tune.measure_big),
         (step_class(dims, dtype, gemm.kind), tune.measure_steps),
     ):
-        entry = store.get(cls)
-        if entry is None and (m == "eager" or (m == "on" and budget.allows(gemm.kind))):
-            with store.lock:
-                entry = store.get(cls)
-                if entry is None:
-                    busy = machine_busy()
-                    t0 = time.perf_counter()
-                    entry = run(cls, gemm)
-                    took = time.perf_counter() - t0
-                    entry = {**entry, "took": took}  # the budget's expected cost
-                    budget.measured += took
-                    budget.runs.append(took)
-                    # measured while other processes held the CPUs: this process only
-                    store.put(cls, entry, keep=not (busy or machine_busy()))
+        entry = _measure(store, cls, functools.partial(run, cls, gemm), m, gemm.kind)
         complete = complete and entry is not None
         if entry is not None:  # the big products' entry first: its transpose_threads
             # price the recurrent weight's preparation
@@ -413,7 +458,18 @@ def _measured(dims: Dims, dtype: np.dtype, gemm: Any, m: str) -> tuple[Plan, boo
                 fields.update(tune.step_fields(entry, dims.T, tt))
             else:
                 fields.update(entry["plan"])
-    return dataclasses.replace(default_plan(dims, dtype, gemm), **fields), complete
+    if not complete:
+        return default, False
+    measured = feasible(dataclasses.replace(default, **fields), dims, dtype, gemm)
+    if measured == feasible(default, dims, dtype, gemm):
+        return default, True
+    cls = gate_class(dims, dtype, gemm.kind)
+    one = dataclasses.replace(dims, L=1)  # the gate times one layer of the call's sizes
+    entry = _measure(store, cls, lambda: tune.gate(one, dtype, gemm, default, measured), m,
+                     gemm.kind)  # fmt: skip
+    if entry is None:
+        return default, False
+    return (measured if entry["ratio"] >= GATE_MARGIN else default), True
 
 
 WALK_MIN_MACS = 1 << 20
@@ -452,7 +508,55 @@ def default_plan(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     return walk
 
 
-_memo: dict[tuple, tuple[Plan, bool]] = {}  # key -> (plan, final: no class waits to be measured)
+WATCH_EVERY = 16
+"""A measured plan in use runs the default plan instead on every 16th call of its sizes (at
+most a few per cent of the time where the default is slower): the in-use check."""
+
+WATCH_SAMPLES = 3
+"""Default-plan samples the in-use check needs before it may decide."""
+
+
+class _Watch:
+    """The in-use check of a measured plan for one call's sizes: each sampled default-plan
+    call's seconds against the median of the measured plan's calls just before it; where the
+    median of those ratios says the default is faster by :data:`GATE_MARGIN` (the measured plan
+    collapsed: another process came, the machine changed), the default serves from then on and
+    the gate's stored decision is turned (later processes start with the default)."""
+
+    def __init__(self, measured: Plan, default: Plan, store: Wisdom, cls: dict[str, Any]) -> None:
+        self.measured, self.default = measured, default
+        self.store, self.cls = store, cls
+        self.calls = 0
+        self.recent: list[float] = []  # the measured plan's last calls' seconds
+        self.ratios: list[float] = []  # per sample: measured median / default sample
+        self.lost = False
+
+    def pick(self, sample: bool) -> tuple[Plan, bool]:
+        """The plan of the next call, and whether it is a sample of the default."""
+        if self.lost:
+            return self.default, False
+        self.calls += 1
+        if sample and self.calls % WATCH_EVERY == 0 and len(self.recent) >= 3:
+            return self.default, True
+        return self.measured, False
+
+    def note(self, seconds: float, sampled: bool) -> None:
+        if self.lost or seconds <= 0:
+            return
+        if not sampled:
+            self.recent = [*self.recent[-4:], seconds]
+            return
+        self.ratios = [*self.ratios[-4:], float(np.median(self.recent)) / seconds]
+        if len(self.ratios) >= WATCH_SAMPLES and float(np.median(self.ratios)) >= GATE_MARGIN:
+            self.lost = True
+            entry = self.store.get(self.cls)
+            if entry is not None:  # later processes start with the default
+                self.store.put(self.cls, {**entry, "ratio": 0.0, "lost_in_use": self.ratios})
+
+
+# key -> (plan, final: no class waits to be measured, the default plan where the plan differs)
+_memo: dict[tuple, tuple[Plan, bool, Plan | None]] = {}
+_watches: dict[tuple, _Watch] = {}  # (key, "forward" | "backward") -> its in-use check
 
 
 def _thread_state(kind: str) -> tuple[int, ...]:
@@ -471,15 +575,12 @@ def _thread_state(kind: str) -> tuple[int, ...]:
     return state
 
 
-def plan_for(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
-    """The plan of one call: measured (else the default plan; the safe plan with
-    LSTMGRAD_TUNE=off), then forced fields (LSTMGRAD_PLAN, :func:`forced`), then
-    :func:`feasible`. Remembered for the process per shape, settings and thread counts (a call
-    pays a dictionary lookup)."""
+def _planned(dims: Dims, dtype: np.dtype, gemm: Any) -> tuple[Plan, Plan | None, tuple]:
+    """(the plan, the default plan where the plan is another, the memo's key)."""
     m = mode()
     forced_fields = overrides()
     if m == "off":
-        return feasible(dataclasses.replace(SAFE, **forced_fields), dims, dtype, gemm)
+        return feasible(dataclasses.replace(SAFE, **forced_fields), dims, dtype, gemm), None, ()
     key = (gemm.kind, np.dtype(dtype), dims.T, dims.B, dims.I, dims.H, dims.D, m,
            tuple(sorted(forced_fields.items())), _thread_state(gemm.kind), os.getpid(),
            _cache_env())  # fmt: skip
@@ -487,10 +588,50 @@ def plan_for(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     # a plan made while a class waited for the budget is made again once the budget allows
     if memo is None or (not memo[1] and budget.allows(gemm.kind)):
         base, complete = _measured(dims, dtype, gemm, m)
-        memo = (feasible(dataclasses.replace(base, **forced_fields), dims, dtype, gemm),
-                complete or m != "on")  # fmt: skip
-        _memo[key] = memo
-    return memo[0]
+        chosen = feasible(dataclasses.replace(base, **forced_fields), dims, dtype, gemm)
+        default = feasible(dataclasses.replace(default_plan(dims, dtype, gemm), **forced_fields),
+                           dims, dtype, gemm)  # fmt: skip
+        memo = _memo[key] = (chosen, complete or m != "on", None if chosen == default else default)
+    return memo[0], memo[2], key
+
+
+def _lost(key: tuple) -> bool:
+    return any(w.lost for part in ("forward", "backward") if (w := _watches.get((key, part))))
+
+
+def plan_for(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
+    """The plan of calls of these sizes: measured where it beat the default in the gate (else
+    the default plan; the safe plan with LSTMGRAD_TUNE=off), then forced fields (LSTMGRAD_PLAN,
+    :func:`forced`), then :func:`feasible`. Remembered for the process per shape, settings and
+    thread counts (a call pays a dictionary lookup); the default once the in-use check found it
+    faster."""
+    chosen, default, key = _planned(dims, dtype, gemm)
+    return default if default is not None and _lost(key) else chosen
+
+
+def plan_call(dims: Dims, dtype: np.dtype, gemm: Any, part: str,
+              sample: bool = True) -> tuple[Plan, Callable[[float], None]]:  # fmt: skip
+    """:func:`plan_for` for one call of ``part`` ("forward" or "backward"), and what to call
+    with its seconds once it ran (the measuring budget, the in-use check). With ``sample`` a
+    measured plan's call is now and then run on the default plan instead
+    (:data:`WATCH_EVERY`); without it (a call whose scratch was sized for :func:`plan_for`'s
+    plan) never."""
+    chosen, default, key = _planned(dims, dtype, gemm)
+    if default is None:
+        return chosen, note_call
+    if _lost(key):
+        return default, note_call
+    watch = _watches.get((key, part))
+    if watch is None:
+        watch = _watches[(key, part)] = _Watch(chosen, default, wisdom(gemm.kind),
+                                               gate_class(dims, dtype, gemm.kind))  # fmt: skip
+    plan, sampled = watch.pick(sample)
+
+    def done(seconds: float) -> None:
+        note_call(seconds)
+        watch.note(seconds, sampled)
+
+    return plan, done
 
 
 def forget() -> None:
@@ -499,6 +640,7 @@ def forget() -> None:
     global budget
     with _wisdoms_lock:
         _memo.clear()
+        _watches.clear()
         _wisdoms.clear()
         budget = _Budget()
 

@@ -31,8 +31,9 @@ from typing import Any
 import numpy as np
 
 from ..core.contract import check_backward, check_forward
+from ..core.layout import Dims
 from ..fused import lstm as fused_lstm
-from ..fused.plan import SAFE, WEIGHT_GRAD_LAYOUTS, Plan
+from ..fused.plan import SAFE, WEIGHT_GRAD_LAYOUTS, Plan, compute_dtype
 from . import openmp
 from .feasible import feasible
 
@@ -404,6 +405,72 @@ def _split_min(b: int, h: int, cd: np.dtype, parts: int) -> int:
     return split_min
 
 
+class _Engine:
+    """One training pass (forward, then backward) of the engine on random data of one layer's
+    sizes, run with an explicit plan: what the passes and the gate time."""
+
+    def __init__(self, t: int, b: int, i: int, h: int, d: int, cd: np.dtype, gemm: Any) -> None:
+        rng = np.random.default_rng(3)
+        scale = cd.type(1 / np.sqrt(h))
+        self.x = _rand(rng, (t, b, i), cd)
+        self.params: list[np.ndarray] = []
+        for _ in range(d):
+            self.params += [_rand(rng, (4 * h, i), cd) * scale, _rand(rng, (4 * h, h), cd) * scale]
+            self.params += [_rand(rng, (4 * h,), cd) * scale, _rand(rng, (4 * h,), cd) * scale]
+        self.hx = [np.zeros((d, b, h), cd), np.zeros((d, b, h), cd)]
+        self.dy = _rand(rng, (t, b, d * h), cd)
+        self.bidir = d == 2
+        self.gemm = gemm
+        self.forward = check_forward("tune", self.x, self.params, self.hx, None, True, 1, 0.0,
+                                     True, self.bidir, False, 0)  # fmt: skip
+        self.dims = self.forward.dims
+
+    def run(self, plan: Plan) -> tuple[float, float]:
+        """The forward's and the backward's seconds under ``plan``."""
+        t0 = time.perf_counter()
+        _, _, _, s = fused_lstm.lstm_forward(self.forward, gemm=self.gemm, plan=plan)
+        t1 = time.perf_counter()
+        saved = (s.i, s.g, s.f, s.o, s.h, s.c, s.tanhc)
+        backward = check_backward("tune", self.x, self.hx, self.params, self.dy, None, None,
+                                  saved, None, True, 1, 0.0, True, self.bidir, False, None,
+                                  None)  # fmt: skip
+        t2 = time.perf_counter()
+        fused_lstm.lstm_backward(backward, gemm=self.gemm, plan=plan)
+        return t1 - t0, time.perf_counter() - t2
+
+
+GATE_SECONDS = 0.03
+"""About the seconds of one pass in the gate (its steps are cut to this): enough to time, short
+enough that the gate costs a fraction of a measurement."""
+
+GATE_ROUNDS = 5
+"""Rounds of the gate, the two plans taking turns (A B A B ...)."""
+
+
+def gate(dims: Dims, dtype: np.dtype, gemm: Any, default: Plan, measured: Plan) -> dict[str, Any]:
+    """The default plan and the measured one timed against each other on one layer of the call's
+    sizes (steps cut so that a pass takes about :data:`GATE_SECONDS`): a warm-up run each, then
+    :data:`GATE_ROUNDS` rounds in which both run once, in turns; their median seconds and the
+    median of the rounds' ratios (default / measured: above 1, the measured plan is faster)."""
+    cd = compute_dtype(dtype)
+    probe = _Engine(min(dims.T, 4), dims.B, dims.I, dims.H, dims.D, cd, gemm)
+    probe.run(default)  # compiles, allocates
+    step = sum(probe.run(default)) / probe.dims.T
+    steps = max(1, min(dims.T, int(GATE_SECONDS / max(step, 1e-9))))
+    engine = _Engine(steps, dims.B, dims.I, dims.H, dims.D, cd, gemm)
+    plans = (default, measured)
+    for p in plans:
+        engine.run(p)
+    seconds: tuple[list[float], list[float]] = ([], [])
+    for r in range(GATE_ROUNDS):
+        for j in (0, 1) if r % 2 == 0 else (1, 0):  # A B, then B A: neither always first
+            seconds[j].append(sum(engine.run(plans[j])))
+    ratios = [a / b for a, b in zip(*seconds, strict=True) if b > 0]
+    return {"steps": steps, "default": float(np.median(seconds[0])),
+            "measured": float(np.median(seconds[1])),
+            "ratio": float(np.median(ratios)) if ratios else 0.0}  # fmt: skip
+
+
 def _pass_times(dims_args: dict[str, Any], gemm: Any, candidates: dict[str, dict[str, Any]],
                 phase_seconds: dict[str, list[float]] | None = None) -> dict[str, float]:  # fmt: skip
     """Least seconds of one forward + backward of the engine (called with each candidate's plan,
@@ -420,37 +487,15 @@ def _pass_times(dims_args: dict[str, Any], gemm: Any, candidates: dict[str, dict
     median over the rounds of the candidate's ratio to it in each round: runs side by side in
     one round see the machine alike, the least of each over all rounds may come from
     different moments of a drifting machine and flipped close calls."""
-    t, b, i, h, d = (dims_args[k] for k in "TBIHD")
     cd = np.dtype(dims_args["dtype"])
-    rng = np.random.default_rng(3)
-    scale = cd.type(1 / np.sqrt(h))
-    x = _rand(rng, (t, b, i), cd)
-    params: list[np.ndarray] = []
-    for _ in range(d):
-        params += [_rand(rng, (4 * h, i), cd) * scale, _rand(rng, (4 * h, h), cd) * scale]
-        params += [_rand(rng, (4 * h,), cd) * scale, _rand(rng, (4 * h,), cd) * scale]
-    hx = [np.zeros((d, b, h), cd), np.zeros((d, b, h), cd)]
-    dy = _rand(rng, (t, b, d * h), cd)
-    bidir = d == 2
-    forward = check_forward("tune", x, params, hx, None, True, 1, 0.0, True, bidir, False, 0)
-    plans = {name: feasible(dataclasses.replace(SAFE, **fields), forward.dims, cd, gemm)
+    engine = _Engine(*(dims_args[k] for k in "TBIHD"), cd, gemm)
+    plans = {name: feasible(dataclasses.replace(SAFE, **fields), engine.dims, cd, gemm)
              for name, fields in candidates.items()}  # fmt: skip
     phases = [0.0, 0.0]  # the last run's forward and backward seconds
 
-    def run(name: str) -> None:  # the engine itself, with the candidate's plan
-        t0 = time.perf_counter()
-        _, _, _, s = fused_lstm.lstm_forward(forward, gemm=gemm, plan=plans[name])
-        t1 = time.perf_counter()
-        saved = (s.i, s.g, s.f, s.o, s.h, s.c, s.tanhc)
-        backward = check_backward("tune", x, hx, params, dy, None, None, saved, None, True, 1,
-                                  0.0, True, bidir, False, None, None)  # fmt: skip
-        t2 = time.perf_counter()
-        fused_lstm.lstm_backward(backward, gemm=gemm, plan=plans[name])
-        phases[:] = [t1 - t0, time.perf_counter() - t2]
-
     def timed(name: str) -> float:  # the seconds of a run after an untimed one
-        run(name)
-        run(name)
+        engine.run(plans[name])
+        phases[:] = engine.run(plans[name])
         rounds[-1][name] = list(phases)
         return sum(phases)
 

@@ -131,6 +131,9 @@ def _tune(args: argparse.Namespace) -> int:
         s = row["shape"]
         where = f"not stored: {row['not_stored']}" if row["not_stored"] else "stored"
         unstored += bool(row["not_stored"])
+        if row["gate"] is not None:  # the measured plan against the default, in the gate
+            kept = "measured plan" if row["gate"] >= plan.GATE_MARGIN else "default plan"
+            where += f"; measured plan {row['gate']:.2f}x as fast as the default: {kept} used"
         print(f"T{s['T']} B{s['B']} I{s['I']} H{s['H']} L{s['L']} D{s['D']} ({args.input}, "
               f"{args.dtype}): {row['plan'].describe()} [{row['seconds']:.2f} s; {where}]")  # fmt: skip
     if args.show or not (shapes or args.reset):
@@ -149,12 +152,20 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
         help="time lstmgrad against torch.nn.LSTM on this machine (backward alone and forward + "
-        "backward, both in this process, interleaved); needs PyTorch; about half a minute on "
-        "2 cores",
+        "backward, both in this process, interleaved; --workload: inside models); needs "
+        "PyTorch; about half a minute on 2 cores",
         description="Quick side-by-side benchmark of lstmgrad and torch.nn.LSTM on this "
         f"machine. Shapes: {known}. At the defaults it takes about half a minute on 2 cores "
         "(--quick: about 10 s); the first run on a machine adds up to half a minute of "
-        "compiling kernels and measuring the shapes' plans. A line per shape shows progress.",
+        "compiling kernels and measuring the shapes' plans. A line per shape shows progress. "
+        "--workload times lstmgrad.nn.LSTM against torch.nn.LSTM inside models instead: grid, "
+        "a training step and an eval forward of Embedding -> LSTM -> Linear over a fixed sample "
+        "of 40 realistic shapes (about 5-10 minutes on 2 cores with an empty plan cache); "
+        "word-lm, the word-level language model of PyTorch's examples/word_language_model on a "
+        "generated corpus, both sides trained alternately (about 1.5 minutes); tagger, a packed "
+        "sequence tagger (character and word BiLSTMs over PackedSequences), each side in fresh "
+        "processes, a first run on empty plan and Numba caches, then a second run on them "
+        "(about 1 minute). With --quick each workload takes well under a minute.",
     )
     group = p.add_mutually_exclusive_group()
     group.add_argument(
@@ -162,12 +173,18 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         help=f"comma-separated shape names (default {','.join(DEFAULT_SHAPES)})",
     )
     group.add_argument("--shape", metavar="T,B,I,H,L,D", help="one shape given by its sizes")
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
-    p.add_argument("--rounds", type=int, help="timed rounds (default 5)")
+    p.add_argument("--dtype", choices=("float32", "float16"), default=None)
+    p.add_argument(
+        "--rounds",
+        type=int,
+        help="timed rounds (default 5); with --workload: grid's rounds per shape (default 5), "
+        "word-lm's chunks of batches per side (default 10), tagger's runs of fresh processes "
+        "(default 2: the first run and a second)",
+    )
     p.add_argument(
         "--input",
         choices=("tensors", "numpy"),
-        default="tensors",
+        default=None,
         help="what lstmgrad is given: torch tensors (its GEMMs on torch's, default) or NumPy "
         "arrays (its GEMMs on NumPy's BLAS); the torch side always gets tensors",
     )
@@ -177,12 +194,25 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "--quick",
         action="store_true",
         help=f"{QUICK_ROUNDS} rounds of {','.join(QUICK_SHAPES)} unless shapes or rounds are "
-        "given (about 10 s on 2 cores)",
+        "given (about 10 s on 2 cores); with --workload its quick configuration: grid 3 small "
+        "shapes and 2 rounds, word-lm 2 rounds of 3 batches, tagger 96 sentences and 1 epoch",
+    )
+    p.add_argument(
+        "--workload",
+        metavar="|".join(WORKLOADS),
+        help="a model's training and evaluation instead of the shapes (see above)",
+    )
+    p.add_argument(
+        "--busy",
+        metavar="N",
+        help="with --workload: N busy processes (0, 1 or 2) beside both sides, as other work on "
+        "the machine would be (default 0)",
     )
 
 
 QUICK_SHAPES = ("small-2", "med-3")
 QUICK_ROUNDS = 3
+WORKLOADS = ("grid", "word-lm", "tagger")
 
 
 def _parse_shape(text: str) -> tuple[int, int, int, int, int, int]:
@@ -196,13 +226,30 @@ def _parse_shape(text: str) -> tuple[int, int, int, int, int, int]:
 def _bench(args: argparse.Namespace) -> int:
     from . import bench
 
+    if args.workload is not None and args.workload not in WORKLOADS:
+        print(f"lstmgrad bench: --workload must be {', '.join(WORKLOADS[:-1])} or "
+              f"{WORKLOADS[-1]}, got {args.workload!r}", file=sys.stderr)  # fmt: skip
+        return 2
+    busy = {"0": 0, "1": 1, "2": 2}.get((args.busy or "0").strip())
+    if busy is None:
+        print(f"lstmgrad bench: --busy must be 0, 1 or 2 (busy processes beside both sides), "
+              f"got {args.busy!r}", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.rounds is not None and args.rounds < 1:
+        print("lstmgrad bench: --rounds must be at least 1", file=sys.stderr)
+        return 2
+    if args.workload is not None:
+        return _bench_workload(args, busy)
+    if busy:
+        print("lstmgrad bench: --busy applies to --workload (the shape benchmark shows the "
+              "cores other processes used instead)", file=sys.stderr)  # fmt: skip
+        return 2
+    args.dtype = args.dtype or "float32"
+    args.input = args.input or "tensors"
     if args.rounds is None:
         args.rounds = QUICK_ROUNDS if args.quick else 5
     if args.shapes is None:
         args.shapes = ",".join(QUICK_SHAPES if args.quick else bench.DEFAULT_SHAPES)
-    if args.rounds < 1:
-        print("lstmgrad bench: --rounds must be at least 1", file=sys.stderr)
-        return 2
     try:
         if args.shape:
             shapes = {"custom": _parse_shape(args.shape)}
@@ -242,6 +289,66 @@ def _bench(args: argparse.Namespace) -> int:
             return 2
         print(f"png {args.png}")
     return 0
+
+
+def _bench_workload(args: argparse.Namespace, busy: int) -> int:
+    """``lstmgrad bench --workload``: a workload of :mod:`lstmgrad.tools.workloads`, its
+    progress, its table and (``--json``) its record."""
+    from . import workloads as w
+
+    other = [o for o, v in (("--shapes", args.shapes), ("--shape", args.shape),
+                            ("--dtype", args.dtype), ("--input", args.input),
+                            ("--png", args.png)) if v]  # fmt: skip
+    if other:
+        print(f"lstmgrad bench: {', '.join(other)} apply to the shape benchmark, not to "
+              f"--workload {args.workload}", file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        import torch  # noqa: F401  (both sides of every workload)
+    except ImportError:
+        print(torch_missing("lstmgrad bench"), file=sys.stderr)
+        return 2
+    quick, path = args.quick, args.json
+
+    def say(line: str) -> None:
+        print(f"  {line}", flush=True)
+
+    if args.workload == "grid":
+        shapes = w.quick_shapes() if quick else w.grid_sample()
+        rounds = args.rounds or (2 if quick else 5)
+        print(f"grid: a training step and an eval forward of Embedding -> LSTM -> Linear, "
+              f"{len(shapes)} shapes, {rounds} rounds each, {busy} busy processes; a class of "
+              "shapes new to this machine is measured first (seconds)", flush=True)  # fmt: skip
+
+        def progress(doc: dict[str, Any]) -> None:
+            say(f"[{len(doc['results'])}/{len(shapes)}] "
+                + "  ".join(w.format_grid_row(doc["results"][-1])).rstrip())  # fmt: skip
+            if path:
+                w.write_json(doc, path)  # an interrupted run keeps what it measured
+
+        doc = w.run_grid(shapes, rounds, busy_n=busy, progress=progress)
+        table = w.format_grid(doc)
+    elif args.workload == "word-lm":
+        rounds, chunk, warmup = (args.rounds or 2, 3, 2) if quick else (args.rounds or 10, 20, 5)
+        print(f"word-lm: PyTorch's word-level language model (2-layer LSTM 200/200, bptt 35, "
+              f"batch 20), {warmup} untimed batches then {rounds} rounds of {chunk} batches per "
+              f"side, {busy} busy processes", flush=True)  # fmt: skip
+        doc = w.run_word_lm(rounds, chunk, warmup, busy, progress=say)
+        table = w.format_word_lm(doc)
+    else:
+        epochs, sentences = (1, 96) if quick else (2, 640)
+        runs = args.rounds or 2
+        print(f"tagger: {runs} runs of a fresh process per side (run 1 on empty plan and Numba "
+              f"caches), {epochs} epochs of {sentences} sentences each, {busy} busy processes",
+              flush=True)  # fmt: skip
+        doc = w.run_tagger(epochs, runs, busy, sentences, progress=say)
+        table = w.format_tagger(doc)
+    print(w.format_meta(doc["meta"]))
+    print(table)
+    if path:
+        print(f"json {w.write_json(doc, path)}")
+    print(f"total {doc['meta']['total_s']:.0f} s")
+    return 1 if doc.get("summary", {}).get("errors") else 0
 
 
 _MM = {"torch": "torch.mm", "numpy": "numpy.matmul"}  # what measured each library's peak
