@@ -65,7 +65,7 @@ def test_plan_environment_variable_parsed(monkeypatch):
         ("split_min=-1", "split_min must be an integer >= 0"),
         ("fwd_rec=fast", "fwd_rec must be one of"),
         ("big=loop", "big must be one of ('blas', 'onednn')"),
-        ("weight_grad=cols", "weight_grad must be one of ('rows', 'tn', 'nt', 'nt2', 'rows2')"),
+        ("weight_grad=cols", "weight_grad must be one of ('rows', 'nt', 'nt2', 'rows2')"),
         ("pair_walks=maybe", "pair_walks must be true or false"),
         ("walk=2", "walk must be true or false"),
     ],
@@ -150,11 +150,11 @@ def test_feasible_replaces_what_the_call_cannot_run(monkeypatch):
     assert plan.feasible(Plan(threads=8), TINY, np.float32, NUMPY_GEMM).threads <= max(
         1, NUMPY_GEMM.threads()
     )  # never more than the BLAS itself may use
-    wild = Plan(big="onednn", weight_grad="tn", fwd_rec="packed", bwd_rec="onednn", threads=8,
+    wild = Plan(big="onednn", weight_grad="nt", fwd_rec="packed", bwd_rec="onednn", threads=8,
                 split_min=5, pair_walks=True, transpose_threads=8)  # fmt: skip
     got = plan.feasible(wild, TINY, np.float32, gemm)
     # NumPy has no oneDNN or packed weights; one direction has no pairs; at most 2 threads
-    assert got == Plan(big="blas", weight_grad="tn", fwd_rec="blas", bwd_rec="blas", threads=2,
+    assert got == Plan(big="blas", weight_grad="nt", fwd_rec="blas", bwd_rec="blas", threads=2,
                        split_min=5, pair_walks=False, transpose_threads=2)  # fmt: skip
     assert plan.feasible(wild, TINY_BI, np.float32, gemm).pair_walks
     # a walk runs anywhere, but the pair walks take precedence where they run
@@ -627,7 +627,7 @@ def _case(dtype, d, t=6, b=4, i=5, h=7, seed=3):
 
 NUMPY_PLANS = (
     [dict(weight_grad=w) for w in plan.WEIGHT_GRAD_LAYOUTS]
-    + [dict(weight_grad=w, transpose_threads=2) for w in ("tn", "nt", "nt2")]
+    + [dict(weight_grad=w, transpose_threads=2) for w in ("nt", "nt2")]
     + [dict(fwd_rec=m, bwd_rec=m) for m in NUMPY_GEMM.fixed_methods(np.float32)]
     + [dict(threads=2, split_min=0), dict(threads=2, pair_walks=True), dict(walk=True)]
 )
@@ -847,7 +847,6 @@ def test_slow_copies_at_the_layers_rows_rule_out_transposing_layouts(monkeypatch
     extra = 10.0 * 32 / 64  # per N rows
     seconds = {k.split("/")[1]: v for k, v in entry["seconds"].items() if k.startswith("blas/")}
     assert seconds["nt"] >= extra and seconds["nt2"] >= extra
-    assert seconds["tn"] >= extra * (8 + 8) / 32
     assert seconds["rows"] < 1 and seconds["rows2"] < 1
     assert entry["plan"]["weight_grad"] in ("rows", "rows2")
     assert entry["seconds"]["transpose/rows64"] == 10.0
@@ -927,7 +926,7 @@ def test_default_plan_runs_an_unmeasured_class_to_the_reference(monkeypatch, tmp
 def _scripted_classes(monkeypatch, ratio):
     """Measurements that give TINY a plan other than the default (a one-call walk on NumPy,
     whose default is SAFE), and a gate that finds it ``ratio`` times as fast."""
-    monkeypatch.setattr(tune, "measure_big", lambda cls, gemm: {"plan": {"weight_grad": "tn"}})
+    monkeypatch.setattr(tune, "measure_big", lambda cls, gemm: {"plan": {"weight_grad": "nt"}})
     monkeypatch.setattr(tune, "measure_steps", lambda cls, gemm: {"plan": {"walk": True}})
     gates = []
 
@@ -946,7 +945,7 @@ def test_a_measured_plan_replaces_the_default_only_past_the_margin(store, monkey
     got = plan.plan_for(TINY, f32, NUMPY_GEMM)
     ((dims, default, measured),) = gates
     assert dims == dataclasses.replace(TINY, L=1) and default == SAFE
-    assert measured.walk and measured.weight_grad == "tn"
+    assert measured.walk and measured.weight_grad == "nt"
     assert got == (measured if wins else default)
     plan.forget()  # a later process reads the gate's decision, measures nothing
     _no_measuring(monkeypatch)

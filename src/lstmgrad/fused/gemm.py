@@ -30,7 +30,7 @@ class Gemm(Protocol):
     """A GEMM back end.
 
     ``kind``: "numpy" or "torch" (part of the plan's key). ``product_methods(dtype)``: the
-    methods :meth:`product`, :meth:`tn` and :meth:`nt` take for that compute dtype, the public
+    methods :meth:`product` and :meth:`nt` take for that compute dtype, the public
     one ("blas") first. ``fixed_methods(dtype)``: those :meth:`fixed` takes.
 
     ``product(a, b, scratch, method)``: a @ b in scratch, or in new memory where the method
@@ -38,8 +38,7 @@ class Gemm(Protocol):
     same product as a function of (a, out) for one b reused over many calls with at most
     ``rows`` rows in a (the recurrent product of every step); it returns the array holding the
     product: out, or the library's own result; a transposing copy the preparation makes runs on
-    ``threads`` threads (the plan's ``transpose_threads``). ``tn(a, bt, method)``: a.T @ bt.T,
-    C-contiguous, for C-contiguous a [K, M] and bt [N, K]; ``nt(at, b, method)``: at @ b as a
+    ``threads`` threads (the plan's ``transpose_threads``). ``nt(at, b, method)``: at @ b as a
     new array.
     ``threads()``: the threads the library's GEMMs use. ``convert(dst, src)``: ``dst[...] =
     src`` between float32 and float16 by the library itself, rounding as the engine's kernels
@@ -59,8 +58,6 @@ class Gemm(Protocol):
     def product(self, a: np.ndarray, b: np.ndarray, scratch: np.ndarray, method: str, /) -> Any: ...
 
     def fixed(self, b: np.ndarray, method: str, rows: int, threads: int = 1) -> FixedGemm: ...
-
-    def tn(self, a: np.ndarray, bt: np.ndarray, method: str, /) -> np.ndarray: ...
 
     def nt(self, at: np.ndarray, b: np.ndarray, method: str, /) -> np.ndarray: ...
 
@@ -199,9 +196,6 @@ class NumpyGemm:
             return np.matmul(a, b, out=out)
 
         return product
-
-    def tn(self, a: np.ndarray, bt: np.ndarray, method: str, /) -> np.ndarray:
-        return np.ascontiguousarray(np.matmul(a.T, bt.T))
 
     def nt(self, at: np.ndarray, b: np.ndarray, method: str, /) -> np.ndarray:
         return np.matmul(at, b)

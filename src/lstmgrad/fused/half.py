@@ -2,7 +2,7 @@
 
 NumPy converts float16 in software, slowly, and far more slowly for results in float16's
 subnormal range (gradients of a mean loss over thousands of elements live there; figures:
-docs/performance.md#kernel-measurements).
+docs/design.md#kernel-measurements).
 These kernels convert with integer operations at the same rounding (IEEE round to nearest,
 ties to even; infinities and NaNs kept, a NaN's sign too), whatever the values.
 

@@ -21,7 +21,7 @@ from .vmath import one, vsigmoid, vtanh
 
 # error_model="numpy": no zero-division checks, whose branches would stop vectorisation.
 # fastmath "contract" only: a * b + c may become one fused multiply-add (one rounding instead of
-# two, never less accurate; faster sigmoid and tanh: docs/performance.md#kernel-measurements).
+# two, never less accurate; faster sigmoid and tanh: docs/design.md#kernel-measurements).
 # No other fast-math flag: NaN, infinities and signed zeros keep IEEE semantics and nothing is
 # reassociated, so results stay deterministic.
 def jit(*, parallel: bool = False) -> Any:
@@ -123,7 +123,7 @@ def matmul_into(a, b, out):  # pragma: no cover
     ((((o + a0 b0) + a1 b1) + ...), bitwise the results of one k at a time), vectorised along
     n. Rows go in blocks of four (:func:`_four_rows`), the last block ending at row m (it
     recomputes up to three rows of the one before, to the same bits), fewer than four rows
-    row by row (docs/performance.md#kernel-measurements).
+    row by row (docs/design.md#kernel-measurements).
     """
     m = a.shape[0]
     if m < 4:
@@ -169,16 +169,24 @@ def library_matmul(fn, a, b, out, ints, alpha_beta):  # pragma: no cover
     """out = a @ b by the library GEMM at address ``fn`` (sgemm_ for float32, dgemm_ for
     float64: the caller's choice), on the calling thread's library settings; a's rows and b,
     out C-contiguous rows (a may be a block of a wider array's rows). Row-major as the library's
-    column-major: out^T = b^T a^T. ``ints``, ``alpha_beta``: :func:`gemm_scratch`'s."""
+    column-major: out^T = b^T a^T; b may also be the transposed view of a C-contiguous matrix
+    (its columns contiguous: the library reads it transposed, no copy is made). ``ints``,
+    ``alpha_beta``: :func:`gemm_scratch`'s."""
     m, k = a.shape
     n = b.shape[1]
     ints[0], ints[1], ints[2] = n, m, k
-    ints[3] = b.strides[0] // b.itemsize
+    ints[6] = 78  # "N": no transposition
+    ints[7] = 78
+    if b.strides[1] == b.itemsize or n == 1:  # b's rows contiguous
+        # (one row: its stride is never used, but the library checks it is at least n)
+        ints[3] = b.strides[0] // b.itemsize if k > 1 else max(n, 1)
+    else:  # b = w.T of a C-contiguous w [n, k]: the library transposes w
+        ints[3] = b.strides[1] // b.itemsize
+        ints[7] = 84  # "T"
     ints[4] = a.strides[0] // a.itemsize
     ints[5] = out.strides[0] // out.itemsize
-    ints[6] = 78  # "N": no transposition
     _fortran_gemm(
-        fn, ints[6:].ctypes.data, ints[6:].ctypes.data, ints[0:].ctypes.data,
+        fn, ints[7:].ctypes.data, ints[6:].ctypes.data, ints[0:].ctypes.data,
         ints[1:].ctypes.data, ints[2:].ctypes.data, alpha_beta[0:].ctypes.data, b.ctypes.data,
         ints[3:].ctypes.data, a.ctypes.data, ints[4:].ctypes.data, alpha_beta[1:].ctypes.data,
         out.ctypes.data, ints[5:].ctypes.data,
@@ -203,7 +211,7 @@ def transpose_region(src, dst, r0, r1, c0, c1):  # pragma: no cover
     remains, so neither side's stride (a power of two, often) makes the leaf's lines evict each
     other whatever the caches' sizes. A leaf is walked one dst row at a time, its 64 elements
     read down a column of src: loops of 8 took 3x longer on 16 MiB matrices
-    (docs/performance.md#kernel-measurements)."""
+    (docs/design.md#kernel-measurements)."""
     stack = np.empty((128, 4), np.int64)
     stack[0, 0], stack[0, 1], stack[0, 2], stack[0, 3] = r0, r1, c0, c1
     top = 1

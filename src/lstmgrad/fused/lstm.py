@@ -5,7 +5,7 @@ Per (layer, direction), the forward projects the input of all steps with one GEM
 per step, the recurrent GEMM and one kernel for the gate maths; the backward runs, per step, one
 kernel for the gate gradients (stored for all steps in one packed [N, 4H] buffer) and the
 recurrent GEMM, then after the loop one GEMM for dx, dW_ih and dW_hh (dG^T @ [x | h_prev],
-K = N) in the plan's layout (from the rows of [x | h_prev], from its transpose, or from the
+K = N) in the plan's layout (from the rows of [x | h_prev], or from the
 transpose of dG) and a reduction for the bias. Where the plan says so, a step's gate kernel
 splits its rows over several threads, or the two directions of a bidirectional layer walk at
 once, each step loop in one Numba call with its recurrent product (fused.walks).
@@ -177,8 +177,7 @@ def backward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> list[Sl
     two one after the other, each dense); dg [P, N, 4H] gate gradients; cp
     [P, N, H] packed c_prev; dw [4H, max(I, D*H) + H] ("rows"; "rows2" of float16 storage); dh, dc [P, B, H]; dx [D, N, max(I, D*H)]
     each direction's dx; dy [T, B, D*H] the gradient of the layer's output; acts [7, T, B, H] the
-    saved activations in cd (float16 storage only); xht [max(I, D*H) + H, N] xh transposed,
-    where the weight gradient's layout is "tn"; dgt [4H, N] dg transposed, where it is "nt" or
+    saved activations in cd (float16 storage only); dgt [4H, N] dg transposed, where it is "nt" or
     "nt2" (no dw where it is "rows2" or "nt2": their products write the results themselves);
     db [P, B, 4H] each row's bias gradient (with bias).
     P = 2 where the two directions walk at once, else 1.
@@ -202,7 +201,6 @@ def backward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> list[Sl
         ((dims.D, n, width), cd),
         ((t, b, dims.D * h), cd),
         (acts, cd),
-        ((width + h, n) if layout == "tn" else (0,), cd),
         ((4 * h, n) if layout in ("nt", "nt2") else (0,), cd),
         ((p, b, 4 * h) if dims.has_bias else (p, 1, 1), cd),
     ]
@@ -365,12 +363,13 @@ class _ForwardRun:
             acts = tuple(self.acts_buf)
             y_d = self.layer_in[..., d * hidden : (d + 1) * hidden]  # free once xp is packed
         if plan.fwd_walk and (plan.pair_walks or plan.walk):  # the loop in one call
-            w_t = kernels.transposed(w_hh)  # [H, 4H]
+            fn = _walk_gemm(plan, self.gemm, cd)
+            # [H, 4H]: the library reads W_hh transposed in place; the Numba loop needs a copy
+            w_t = w_hh.T if fn and w_hh.flags.c_contiguous else kernels.transposed(w_hh)
             walk = walks.ForwardWalk._make((gx, w_t, bias, h, c, gh, st.orders[d], *acts,
                                             y_d))  # fmt: skip
             if plan.pair_walks:
                 return walk
-            fn = _walk_gemm(plan, self.gemm, cd)
             if plan.walk_rows > 1:  # blocks of rows on threads of their own
                 walks.forward_walk_parts(walk, walk, _parts(plan, st, batch), st.ns,
                                          st.offsets, fn)  # fmt: skip
@@ -519,8 +518,6 @@ def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _D
     else:
         if layout == "nt":
             dw = gemm.nt(dgt, xh, plan.big)
-        elif layout == "tn":  # from [x | h_prev] transposed (made by the caller)
-            dw = gemm.tn(dr.dg, _dense(bufs["xht"], width + dims.H, n_rows), plan.big)
         else:
             dw = gemm.product(dr.dg.T, xh, _dense(bufs["dw"], dims.G, width + dims.H), plan.big)
         half.assign(dparams[i_ih], dw[:, :width], cv)
@@ -609,12 +606,11 @@ class _BackwardRun:
         self.st = _steps(dims, call.mask)
         slots = backward_workspace_slots(dims, dtype, plan)
         (self.xh_buf, self.dg_buf, self.cp_buf, dw_buf, self.dh_buf, self.dc_buf, self.dx_buf,
-         self.dy_buf, self.acts_buf, xht_buf, dgt_buf,
+         self.dy_buf, self.acts_buf, dgt_buf,
          self.db_buf) = arena.take_all(slots)  # fmt: skip
         self.with_db = need_dw and dims.has_bias
-        self.bufs = {"dw": dw_buf, "xht": xht_buf, "dgt": dgt_buf, "dgt_flat": dgt_buf.reshape(-1)}
-        self.xh_flat = self.xh_buf.reshape(-1)  # for walks.transpose_cols
-        self.xht_flat = xht_buf.reshape(-1)
+        self.bufs = {"dw": dw_buf, "dgt": dgt_buf, "dgt_flat": dgt_buf.reshape(-1)}
+        self.xh_flat = self.xh_buf.reshape(-1)
         # every result in one (recycled) allocation: see workspace.block
         state = (dims.K, dims.B, dims.H)
         dx_shape = (dims.T, dims.B, dims.I) if need_dx else (0,)
@@ -636,7 +632,7 @@ class _BackwardRun:
 
     def layer_rows(self, layer: int) -> _Rows:
         """The layer's rows for the weight gradient; where it is wanted, the layer input packed
-        into them (or its own rows, where they need no packing) and transposed for "tn"."""
+        into them (or its own rows, where they need no packing)."""
         call, st, plan = self.call, self.st, self.plan
         width, hidden, n_rows = call.dims.layer_input_size(layer), call.dims.H, st.total
         xh = _dense(self.xh_buf, n_rows, width + hidden)  # [x | h_prev]
@@ -655,9 +651,6 @@ class _BackwardRun:
             rows.x_rows = direct
         else:
             _pack_layer_input(call, st, layer, self.masks, xh, self.cv)
-        if plan.weight_grad == "tn":  # and transposed
-            walks.transpose_cols(self.xh_flat, width + hidden, n_rows, 0, width, self.xht_flat,
-                                 plan.transpose_threads)  # fmt: skip
         return rows
 
     def directions(self, layer: int) -> list[_Direction]:
@@ -712,7 +705,7 @@ class _BackwardRun:
         part of dx ([N, I_l], returned; None where dx is not wanted) and its weight gradient."""
         call, st, plan, cd, cv = self.call, self.st, self.plan, self.cd, self.cv
         dims, need_dw = call.dims, call.need[3]
-        d, width, hidden = dr.k % dims.D, dims.layer_input_size(layer), dims.H
+        d, width = dr.k % dims.D, dims.layer_input_size(layer)
         if not plan.pair_walks:
             if cd != call.dtype:
                 for n_, s in enumerate(call.saved):
@@ -725,9 +718,6 @@ class _BackwardRun:
             _walk_back(call, plan, self.gemm, st, w_hh, dr, self.dy is not None)
         elif need_dw:  # this direction's h_prev (the directions share hp)
             _gather(call, st, dr.k, dr.acts, rows.hp, rows.hp_col, dr.cp, with_c=False)
-        if need_dw and plan.weight_grad == "tn":
-            walks.transpose_cols(self.xh_flat, width + hidden, st.total, width, width + hidden,
-                                 self.xht_flat, plan.transpose_threads)  # fmt: skip
         if self.dh_prev is not None:
             self.dh_prev[dr.k] = dr.dh
         if self.dc_prev is not None:

@@ -18,7 +18,7 @@ class Plan:
 
     big: GEMM method of the input projection, dx and the weight gradient ("blas" or "onednn");
     weight_grad: layout of dW = dG^T [x | h_prev] ("rows": from the rows of [x | h_prev];
-    "tn": from its transpose; "nt": from dG transposed; "nt2": as "nt" in two products, one
+    "nt": from dG transposed; "nt2": as "nt" in two products, one
     for dW_ih and one for dW_hh; "rows2": as "rows" in two products written into the results,
     through float32 scratch where float16 results are rounded from it); fwd_rec / bwd_rec: method
     of the forward's / backward's recurrent product per step (a :meth:`Gemm.fixed` method:
@@ -36,7 +36,7 @@ class Plan:
     (with walk or pair_walks; a row's steps do not depend on the other rows); fwd_walk: the
     forward walks too (False: only the backward does, the forward calls the library per step
     as fwd_rec, threads and split_min say);
-    transpose_threads: threads of the transposing copy the "tn" and "nt" layouts make, of the
+    transpose_threads: threads of the transposing copy the "nt" layouts make, of the
     recurrent weight's where its product's preparation makes one (:meth:`Gemm.fixed`), and of
     the float16 <-> float32 conversions of float16 storage (element-wise copies like it);
     convert: what runs those conversions ("kernels": the engine's, on transpose_threads;
@@ -67,7 +67,9 @@ kernels (the libraries thread their GEMMs as they are told), nothing that could 
 pools spinning against each other. Correct and safe on any machine."""
 
 
-WEIGHT_GRAD_LAYOUTS = ("rows", "tn", "nt", "nt2", "rows2")
+# "tn" (from [x | h_prev] transposed) was removed: it never won on the grid (Intel Xeon, best
+# 0.85x of "rows"; benchmarks/plan_fields.py)
+WEIGHT_GRAD_LAYOUTS = ("rows", "nt", "nt2", "rows2")
 BIG_METHODS = ("blas", "onednn")
 RECURRENT_METHODS = ("blas", "blas_t", "loop", "onednn", "packed", "mkl")
 CONVERSIONS = ("kernels", "library")

@@ -1,7 +1,7 @@
 """Vectorisable exp, sigmoid and tanh for the Numba kernels.
 
 libm's expf/tanhf are opaque calls that stop LLVM from vectorising a loop (over ten times
-slower: docs/performance.md#kernel-measurements). For float32 these are written from arithmetic
+slower: docs/design.md#kernel-measurements). For float32 these are written from arithmetic
 and one bit cast, so a loop over them compiles to SIMD code: exp is a Cody-Waite range
 reduction and a degree-6 polynomial (at most 1.01 ulp on [-87, 88] with the kernels' fused
 multiply-adds, 0.98 without); tanh an odd polynomial below 0.625 and 1 - 2 / (exp(2|x|) + 1)

@@ -56,7 +56,8 @@ def forward_walk(
 ):  # pragma: no cover
     # fmt: on
     """The forward's step loop of one (layer, direction) on the batch rows [r0, r1): per step
-    t, gh = h @ w_t on the block's active rows (w_t [H, 4H] C-contiguous: W_hh^T;
+    t, gh = h @ w_t on the block's active rows (w_t [H, 4H]: W_hh^T, C-contiguous, or W_hh.T
+    itself where the library multiplies;
     kernels.walk_product, by the library GEMM at address ``fn`` where it is not 0) and
     kernels.forward_step on gx's rows of the step and block."""
     ints, alpha_beta = gemm_scratch(gh)
@@ -77,7 +78,7 @@ class ForwardWalk(NamedTuple):
     """One direction's arguments of :func:`forward_walk_parts` (those of :func:`forward_walk`)."""
 
     gx: np.ndarray  # [N, 4H] input projection
-    w_t: np.ndarray  # [H, 4H] W_hh^T, C-contiguous
+    w_t: np.ndarray  # [H, 4H] W_hh^T: C-contiguous, or W_hh.T (the library product only)
     bias: np.ndarray  # [4H]
     h: np.ndarray  # [B, H] running state
     c: np.ndarray  # [B, H]

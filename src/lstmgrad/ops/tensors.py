@@ -24,7 +24,7 @@ import numpy as np
 from ..core.errors import LstmInvalidArgumentError
 from ..core.machine import torch_threads
 from ..fused.gemm import FixedGemm, dense, loop_product, prepared, transposed_product
-from ..fused.kernels import gemm_scratch, library_matmul, transposed
+from ..fused.kernels import gemm_scratch, library_matmul
 
 
 def _torch() -> Any:
@@ -355,14 +355,6 @@ class TorchGemm:
             return linear(ta, weight, None, "none", [], "").numpy()
 
         return onednn
-
-    def tn(self, a: np.ndarray, bt: np.ndarray, method: str, /) -> np.ndarray:
-        # (a.T @ bt.T)^T = bt @ a, transposed back
-        torch = self._torch
-        res_t = self._linear(bt, a) if method == "onednn" else None
-        if res_t is None:
-            res_t = torch.mm(torch.from_numpy(bt), torch.from_numpy(a)).numpy()
-        return transposed(res_t)
 
     def nt(self, at: np.ndarray, b: np.ndarray, method: str, /) -> np.ndarray:
         product = self._linear(at, b) if method == "onednn" else None

@@ -128,8 +128,6 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
             layout = key.split("/")[1]
             if layout in ("nt", "nt2"):  # dG transposed
                 seconds[key] += extra
-            elif layout == "tn":  # [x | h_prev] transposed
-                seconds[key] += extra * (ops.i + ops.h) / ops.g
     method, layout = _best(seconds).split("/")
     return {
         "plan": {
@@ -164,7 +162,7 @@ class _BigOperands:
         self.w_ih = _rand(rng, (g, i), cd)
         self.proj, self.dx = np.empty((n, g), cd), np.empty((n, i), cd)
         self.dw = np.empty((g, i + h), cd)
-        self.xht, self.dgt = np.empty((i + h, n), cd), np.empty((g, n), cd)
+        self.dgt = np.empty((g, n), cd)
         self.dw_ih, self.dw_hh = np.empty((g, i), cd), np.empty((g, h), cd)  # the results
 
     def transpose_dg(self, threads: int) -> None:
@@ -209,13 +207,12 @@ def _product_times(gemm: Any, ops: _BigOperands) -> dict[str, float]:
 
 def _weight_grad(gemm: Any, ops: _BigOperands, layout: str, method: str,
                  threads: int) -> Callable[[], Any]:  # fmt: skip
-    """dW in ``layout`` as the engine runs it on dense steps: "rows", "tn" and "nt" with the
+    """dW in ``layout`` as the engine runs it on dense steps: "rows" and "nt" with the
     copy of x into [x | h_prev]'s columns and of one [4H, I + H] result into dW_ih and dW_hh,
     their copies on ``threads``; "nt2" and "rows2" from x and h_prev as they lie."""
     from ..fused.gemm import product_into
-    from ..fused.walks import transpose_cols
 
-    i, h, n = ops.i, ops.h, ops.n
+    i = ops.i
     x_cols = ops.xh[:, :i]
 
     def pack() -> None:
@@ -228,11 +225,6 @@ def _weight_grad(gemm: Any, ops: _BigOperands, layout: str, method: str,
     def rows() -> Any:
         pack()
         split(gemm.product(ops.dg.T, ops.xh, ops.dw, method))
-
-    def tn() -> Any:
-        pack()
-        transpose_cols(ops.xh.reshape(-1), i + h, n, 0, i + h, ops.xht.reshape(-1), threads)
-        split(gemm.tn(ops.dg, ops.xht, method))
 
     def nt() -> Any:
         pack()
@@ -247,7 +239,7 @@ def _weight_grad(gemm: Any, ops: _BigOperands, layout: str, method: str,
         product_into(gemm, ops.dg.T, ops.x, ops.dw_ih, method)
         product_into(gemm, ops.dg.T, ops.hp, ops.dw_hh, method)
 
-    return {"rows": rows, "tn": tn, "nt": nt, "nt2": nt2, "rows2": rows2}[layout]
+    return {"rows": rows, "nt": nt, "nt2": nt2, "rows2": rows2}[layout]
 
 
 def _copy_at_rows(cls: dict[str, Any], dg: np.ndarray, dgt: np.ndarray, threads: int
