@@ -1025,3 +1025,22 @@ def test_the_gate_times_both_plans_in_turns_on_the_engine():
     got = tune.gate(dims, np.dtype(np.float32), NUMPY_GEMM, SAFE, walk)
     assert 1 <= got["steps"] <= dims.T and got["default"] > 0 and got["measured"] > 0
     assert got["ratio"] > 0
+
+
+def test_the_in_use_check_compares_like_with_like(store, monkeypatch):
+    """Calls of the same sizes that do different work (a training forward, an inference one;
+    per row of packed batches) are watched apart: interleaved, the cheap ones never make the
+    measured plan look slower than the default."""
+    _scripted_classes(monkeypatch, 2.0)
+    f32 = np.dtype(np.float32)
+    measured = plan.plan_for(TINY, f32, NUMPY_GEMM)
+    for n in range(plan.WATCH_EVERY * 8):
+        part = ("forward", (False, False), False) if n % 2 else ("forward", (True, False), False)
+        p, done = plan.plan_call(TINY, f32, NUMPY_GEMM, part)
+        cost = 0.001 if n % 2 else 0.010  # training costs 10x inference, whatever the plan
+        done(cost * (1.0 if p == measured else 1.5))  # the default 1.5x slower in both
+    assert plan.plan_for(TINY, f32, NUMPY_GEMM) == measured
+    p, done = plan.plan_call(TINY, f32, NUMPY_GEMM, ("backward", (True,) * 4, True))
+    done(0.05, 50)  # per unit of work: 1 ms a row
+    (watch,) = [w for (_, part), w in plan._watches.items() if part[0] == "backward"]
+    assert watch.recent == [pytest.approx(0.001)]

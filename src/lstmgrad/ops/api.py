@@ -59,8 +59,17 @@ def _engine_args(impl: str, call: ForwardCall | BackwardCall, arena: Arena | Non
     if impl != "fused":
         return {}, None
     g = gemm or NUMPY_GEMM
-    plan, done = plan_call(plan_dims or call.dims, call.dtype, g, part, sample=arena is None)
-    return {"gemm": g, "plan": plan}, done
+    # calls compared by the in-use check do the same work: the same part and flags, timed per
+    # active row (the batch sizes of packed calls vary)
+    flags = call.need if isinstance(call, BackwardCall) else (call.train, call.dropout > 0)
+    rows = call.dims.T * call.dims.B if call.mask is None else int(np.count_nonzero(call.mask))
+    key = (part, flags, call.mask is not None)
+    plan, done = plan_call(plan_dims or call.dims, call.dtype, g, key, sample=arena is None)
+
+    def timed(seconds: float) -> None:
+        done(seconds, max(rows, 1))
+
+    return {"gemm": g, "plan": plan}, timed
 
 
 _last_reading: tuple[float, int | None] = (-1e9, None)  # (monotonic time, bytes available)

@@ -523,9 +523,10 @@ class _Watch:
     collapsed: another process came, the machine changed), the default serves from then on and
     the gate's stored decision is turned (later processes start with the default)."""
 
-    def __init__(self, measured: Plan, default: Plan, store: Wisdom, cls: dict[str, Any]) -> None:
+    def __init__(self, measured: Plan, default: Plan, store: Wisdom, cls: dict[str, Any],
+                 key: tuple) -> None:  # fmt: skip
         self.measured, self.default = measured, default
-        self.store, self.cls = store, cls
+        self.store, self.cls, self.key = store, cls, key
         self.calls = 0
         self.recent: list[float] = []  # the measured plan's last calls' seconds
         self.ratios: list[float] = []  # per sample: measured median / default sample
@@ -549,6 +550,7 @@ class _Watch:
         self.ratios = [*self.ratios[-4:], float(np.median(self.recent)) / seconds]
         if len(self.ratios) >= WATCH_SAMPLES and float(np.median(self.ratios)) >= GATE_MARGIN:
             self.lost = True
+            _lost_keys.add(self.key)
             entry = self.store.get(self.cls)
             if entry is not None:  # later processes start with the default
                 self.store.put(self.cls, {**entry, "ratio": 0.0, "lost_in_use": self.ratios})
@@ -556,7 +558,8 @@ class _Watch:
 
 # key -> (plan, final: no class waits to be measured, the default plan where the plan differs)
 _memo: dict[tuple, tuple[Plan, bool, Plan | None]] = {}
-_watches: dict[tuple, _Watch] = {}  # (key, "forward" | "backward") -> its in-use check
+_watches: dict[tuple, _Watch] = {}  # (key, part) -> its in-use check
+_lost_keys: set[tuple] = set()  # keys whose measured plan lost in use: the default serves
 
 
 def _thread_state(kind: str) -> tuple[int, ...]:
@@ -596,7 +599,7 @@ def _planned(dims: Dims, dtype: np.dtype, gemm: Any) -> tuple[Plan, Plan | None,
 
 
 def _lost(key: tuple) -> bool:
-    return any(w.lost for part in ("forward", "backward") if (w := _watches.get((key, part))))
+    return key in _lost_keys
 
 
 def plan_for(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
@@ -609,27 +612,33 @@ def plan_for(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     return default if default is not None and _lost(key) else chosen
 
 
-def plan_call(dims: Dims, dtype: np.dtype, gemm: Any, part: str,
-              sample: bool = True) -> tuple[Plan, Callable[[float], None]]:  # fmt: skip
-    """:func:`plan_for` for one call of ``part`` ("forward" or "backward"), and what to call
-    with its seconds once it ran (the measuring budget, the in-use check). With ``sample`` a
+def _budget_only(seconds: float, work: float = 1.0) -> None:
+    note_call(seconds)
+
+
+def plan_call(dims: Dims, dtype: np.dtype, gemm: Any, part: Any,
+              sample: bool = True) -> tuple[Plan, Callable[..., None]]:  # fmt: skip
+    """:func:`plan_for` for one call of ``part`` (what makes calls of these sizes comparable:
+    forward or backward, and their flags), and what to call with its cost once it ran (the
+    measuring budget, the in-use check; seconds, or seconds per unit of work where the same
+    sizes do varying work). With ``sample`` a
     measured plan's call is now and then run on the default plan instead
     (:data:`WATCH_EVERY`); without it (a call whose scratch was sized for :func:`plan_for`'s
     plan) never."""
     chosen, default, key = _planned(dims, dtype, gemm)
     if default is None:
-        return chosen, note_call
+        return chosen, _budget_only
     if _lost(key):
-        return default, note_call
+        return default, _budget_only
     watch = _watches.get((key, part))
     if watch is None:
         watch = _watches[(key, part)] = _Watch(chosen, default, wisdom(gemm.kind),
-                                               gate_class(dims, dtype, gemm.kind))  # fmt: skip
+                                               gate_class(dims, dtype, gemm.kind), key)  # fmt: skip
     plan, sampled = watch.pick(sample)
 
-    def done(seconds: float) -> None:
+    def done(seconds: float, work: float = 1.0) -> None:
         note_call(seconds)
-        watch.note(seconds, sampled)
+        watch.note(seconds / work, sampled)
 
     return plan, done
 
@@ -641,6 +650,7 @@ def forget() -> None:
     with _wisdoms_lock:
         _memo.clear()
         _watches.clear()
+        _lost_keys.clear()
         _wisdoms.clear()
         budget = _Budget()
 
