@@ -1044,3 +1044,44 @@ def test_the_in_use_check_compares_like_with_like(store, monkeypatch):
     done(0.05, 50)  # per unit of work: 1 ms a row
     (watch,) = [w for (_, part), w in plan._watches.items() if part[0] == "backward"]
     assert watch.recent == [pytest.approx(0.001)]
+
+
+class _WalkingGemm(_FourThreadGemm):
+    """A back end with a library GEMM for the walks (the default plan walks with it)."""
+
+    @staticmethod
+    def walk_gemm(dtype) -> int:
+        return 1
+
+
+def test_a_multi_threaded_plan_falls_back_to_one_thread_and_comes_back(store, monkeypatch):
+    """The default plan on two threads, beside a busy process: once the one-thread samples are
+    faster by the margin the one-thread plan serves; once the machine is quiet again and the
+    two-thread samples win, they serve again. Threads the caller forced are never dropped."""
+    monkeypatch.setenv("LSTMGRAD_TUNE", "cached")  # nothing measured: the default plan
+    monkeypatch.setattr(openmp, "parallel_threads", lambda: 2)
+    dims = Dims(T=100, B=64, I=256, H=256, L=1, D=2, has_bias=True)
+    f32, gemm, part = np.dtype(np.float32), _WalkingGemm(), ("backward", (True,) * 4, False)
+    default = plan.plan_for(dims, f32, gemm)
+    assert default.pair_walks and default.threads == 2
+    busy = [True]
+    monkeypatch.setattr(plan, "machine_busy", lambda: busy[0])
+
+    def run(calls: int, cost_of) -> list:
+        used = []
+        for _ in range(calls):
+            p, done = plan.plan_call(dims, f32, gemm, part)
+            used.append(p)
+            done(cost_of(p))
+        return used
+
+    # (the last call of each run is a sample of the other plan)
+    used = run(plan.WATCH_EVERY * 4, lambda p: 0.030 if p.pair_walks else 0.010)  # a busy core
+    assert not used[-2].pair_walks and used[-2].threads == 1  # one thread serves now
+    busy[0] = False  # quiet again: two threads twice as fast; every 16th call samples them
+    used = run(plan.WATCH_EVERY * 4, lambda p: 0.005 if p.pair_walks else 0.010)
+    assert used[-2] == default
+    with forced(threads=2):  # forced threads: no one-thread fallback
+        forced_plan = plan.plan_for(dims, f32, gemm)
+        used = run(plan.WATCH_EVERY * 8, lambda p: 0.030 if p.threads > 1 else 0.010)
+        assert set(used) == {forced_plan}

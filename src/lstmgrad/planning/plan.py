@@ -509,56 +509,93 @@ def default_plan(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
 
 
 WATCH_EVERY = 16
-"""A measured plan in use runs the default plan instead on every 16th call of its sizes (at
-most a few per cent of the time where the default is slower): the in-use check."""
+"""A plan in use runs its alternative instead on every 16th call of its sizes and kind (at most a
+few per cent of the time where the alternative is slower): the in-use check."""
 
 WATCH_SAMPLES = 3
-"""Default-plan samples the in-use check needs before it may decide."""
+"""Samples of an alternative the in-use check needs before it may switch."""
+
+
+def one_thread(p: Plan) -> Plan:
+    """``p`` with the engine's own kernels on one thread: what a multi-threaded plan falls back
+    to where a busy core makes each parallel region wait for a thread the scheduler parked."""
+    return dataclasses.replace(p, threads=1, walk_rows=1, pair_walks=False, split_min=0,
+                               transpose_threads=1)  # fmt: skip
+
+
+def _parallel(p: Plan) -> bool:
+    return p.threads > 1 or p.walk_rows > 1 or p.pair_walks or p.transpose_threads > 1
 
 
 class _Watch:
-    """The in-use check of a measured plan for one call's sizes: each sampled default-plan
-    call's seconds against the median of the measured plan's calls just before it; where the
-    median of those ratios says the default is faster by :data:`GATE_MARGIN` (the measured plan
-    collapsed: another process came, the machine changed), the default serves from then on and
-    the gate's stored decision is turned (later processes start with the default)."""
+    """The in-use check of one call's sizes and kind, over a chain of plans: the plan chosen,
+    then its fallbacks (the default plan where a measured plan was chosen; the plan in use on
+    one thread where it has several). Every :data:`WATCH_EVERY`-th call runs an alternative
+    (the next fallback, the one-thread one on every 4th such call or while
+    :func:`machine_busy`; else the plan before the one in use, to come back once the machine is
+    quiet again) and its seconds are set
+    against the median of the calls just before it. Once the median of
+    :data:`WATCH_SAMPLES` such ratios says the alternative is faster by :data:`GATE_MARGIN`,
+    it serves. A measured plan that loses to the default turns the gate's stored decision
+    (later processes start with the default)."""
 
-    def __init__(self, measured: Plan, default: Plan, store: Wisdom, cls: dict[str, Any],
+    def __init__(self, plans: list[Plan], measured: bool, store: Wisdom, cls: dict[str, Any],
                  key: tuple) -> None:  # fmt: skip
-        self.measured, self.default = measured, default
+        self.plans, self.measured = plans, measured
         self.store, self.cls, self.key = store, cls, key
+        self.using = 0
         self.calls = 0
-        self.recent: list[float] = []  # the measured plan's last calls' seconds
-        self.ratios: list[float] = []  # per sample: measured median / default sample
-        self.lost = False
+        self.recent: list[float] = []  # the plan in use: its last calls' cost
+        self.ratios: list[float] = []  # per sample: in use median / alternative's sample
+        self.against: int | None = None  # the alternative those ratios are of
 
-    def pick(self, sample: bool) -> tuple[Plan, bool]:
-        """The plan of the next call, and whether it is a sample of the default."""
-        if self.lost:
-            return self.default, False
+    def _alternative(self) -> int | None:
+        nxt = self.using + 1
+        if nxt < len(self.plans):
+            # one thread: every 4th sample on a quiet machine (a few per cent where threads
+            # pay), every sample while other processes load it
+            if not self._is_one_thread(nxt) or self.calls % (4 * WATCH_EVERY) == 0:
+                return nxt
+            if machine_busy():
+                return nxt
+        return self.using - 1 if self.using > 0 else None
+
+    def _is_one_thread(self, index: int) -> bool:
+        return not _parallel(self.plans[index]) and _parallel(self.plans[index - 1])
+
+    def pick(self, sample: bool) -> tuple[Plan, int | None]:
+        """The plan of the next call, and the index of the alternative it samples (None: the
+        plan in use)."""
         self.calls += 1
         if sample and self.calls % WATCH_EVERY == 0 and len(self.recent) >= 3:
-            return self.default, True
-        return self.measured, False
+            alt = self._alternative()
+            if alt is not None:
+                return self.plans[alt], alt
+        return self.plans[self.using], None
 
-    def note(self, seconds: float, sampled: bool) -> None:
-        if self.lost or seconds <= 0:
+    def note(self, cost: float, sampled: int | None) -> None:
+        if cost <= 0:
             return
-        if not sampled:
-            self.recent = [*self.recent[-4:], seconds]
+        if sampled is None:
+            self.recent = [*self.recent[-4:], cost]
             return
-        self.ratios = [*self.ratios[-4:], float(np.median(self.recent)) / seconds]
+        if sampled != self.against:  # ratios against one alternative at a time
+            self.ratios, self.against = [], sampled
+        self.ratios = [*self.ratios[-4:], float(np.median(self.recent)) / cost]
         if len(self.ratios) >= WATCH_SAMPLES and float(np.median(self.ratios)) >= GATE_MARGIN:
-            self.lost = True
-            _lost_keys.add(self.key)
-            entry = self.store.get(self.cls)
-            if entry is not None:  # later processes start with the default
-                self.store.put(self.cls, {**entry, "ratio": 0.0, "lost_in_use": self.ratios})
+            if self.using == 0 and sampled == 1 and self.measured:
+                _lost_keys.add(self.key)
+                entry = self.store.get(self.cls)
+                if entry is not None:  # later processes start with the default
+                    self.store.put(self.cls, {**entry, "ratio": 0.0, "lost_in_use": self.ratios})
+            self.using, self.recent, self.ratios, self.against = sampled, [], [], None
 
 
 # key -> (plan, final: no class waits to be measured, the default plan where the plan differs)
 _memo: dict[tuple, tuple[Plan, bool, Plan | None]] = {}
-_watches: dict[tuple, _Watch] = {}  # (key, part) -> its in-use check
+_watches: dict[
+    tuple, _Watch | None
+] = {}  # (key, part) -> its in-use check (None: nothing to watch)
 _lost_keys: set[tuple] = set()  # keys whose measured plan lost in use: the default serves
 
 
@@ -621,19 +658,30 @@ def plan_call(dims: Dims, dtype: np.dtype, gemm: Any, part: Any,
     """:func:`plan_for` for one call of ``part`` (what makes calls of these sizes comparable:
     forward or backward, and their flags), and what to call with its cost once it ran (the
     measuring budget, the in-use check; seconds, or seconds per unit of work where the same
-    sizes do varying work). With ``sample`` a
-    measured plan's call is now and then run on the default plan instead
-    (:data:`WATCH_EVERY`); without it (a call whose scratch was sized for :func:`plan_for`'s
-    plan) never."""
+    sizes do varying work). With ``sample`` the in-use check now and then runs a fallback
+    instead (:class:`_Watch`); without it (a call whose scratch was sized for
+    :func:`plan_for`'s plan) never, and the plan is :func:`plan_for`'s."""
     chosen, default, key = _planned(dims, dtype, gemm)
-    if default is None:
-        return chosen, _budget_only
-    if _lost(key):
-        return default, _budget_only
-    watch = _watches.get((key, part))
-    if watch is None:
-        watch = _watches[(key, part)] = _Watch(chosen, default, wisdom(gemm.kind),
-                                               gate_class(dims, dtype, gemm.kind), key)  # fmt: skip
+    lost = default is not None and _lost(key)
+    first = default if lost else chosen
+    if not sample or not key:  # LSTMGRAD_TUNE=off: the safe plan always
+        return first, _budget_only
+    if (key, part) not in _watches:
+        chain = [first]
+        if default is not None and not lost:
+            chain.append(default)
+        forced_threads = {"threads", "walk_rows", "pair_walks"} & set(overrides())
+        if _parallel(chain[-1]) and not forced_threads:  # threads the caller forced stay
+            single = feasible(one_thread(chain[-1]), dims, dtype, gemm)
+            if single != chain[-1]:
+                chain.append(single)
+        _watches[(key, part)] = None if len(chain) == 1 else _Watch(
+            chain, default is not None and not lost, wisdom(gemm.kind),
+            gate_class(dims, dtype, gemm.kind), key,
+        )  # fmt: skip
+    watch = _watches[(key, part)]
+    if watch is None:  # nothing to fall back to
+        return first, _budget_only
     plan, sampled = watch.pick(sample)
 
     def done(seconds: float, work: float = 1.0) -> None:
