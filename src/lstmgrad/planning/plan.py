@@ -663,7 +663,7 @@ def plan_call(dims: Dims, dtype: np.dtype, gemm: Any, part: Any,
     :func:`plan_for`'s plan) never, and the plan is :func:`plan_for`'s."""
     chosen, default, key = _planned(dims, dtype, gemm)
     lost = default is not None and _lost(key)
-    first = default if lost else chosen
+    first = default if default is not None and lost else chosen
     if not sample or not key:  # LSTMGRAD_TUNE=off: the safe plan always
         return first, _budget_only
     if (key, part) not in _watches:

@@ -422,6 +422,7 @@ class _Engine:
         t0 = time.perf_counter()
         _, _, _, s = fused_lstm.lstm_forward(self.forward, gemm=self.gemm, plan=plan)
         t1 = time.perf_counter()
+        assert s is not None  # a training forward saves its activations
         saved = (s.i, s.g, s.f, s.o, s.h, s.c, s.tanhc)
         backward = check_backward("tune", self.x, self.hx, self.params, self.dy, None, None,
                                   saved, None, True, 1, 0.0, True, self.bidir, False, None,
@@ -480,7 +481,8 @@ def _pass_times(dims_args: dict[str, Any], gemm: Any, candidates: dict[str, dict
     one round see the machine alike, the least of each over all rounds may come from
     different moments of a drifting machine and flipped close calls."""
     cd = np.dtype(dims_args["dtype"])
-    engine = _Engine(*(dims_args[k] for k in "TBIHD"), cd, gemm)
+    t, b, i, h, d = (int(dims_args[k]) for k in "TBIHD")
+    engine = _Engine(t, b, i, h, d, cd, gemm)
     plans = {name: feasible(dataclasses.replace(SAFE, **fields), engine.dims, cd, gemm)
              for name, fields in candidates.items()}  # fmt: skip
     phases = [0.0, 0.0]  # the last run's forward and backward seconds
