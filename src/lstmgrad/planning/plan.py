@@ -241,6 +241,18 @@ def machine_busy() -> bool:
     return load > (os.cpu_count() or 1) + 1
 
 
+def cpus_contended() -> bool:
+    """Whether as many threads are runnable right now as there are CPUs (the kernel's count of
+    running tasks in /proc/loadavg, the caller's own thread included): an instant reading,
+    where the load average lags by a minute. False where it cannot be read."""
+    try:
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    return running >= (os.cpu_count() or 1)
+
+
 def note_call(seconds: float) -> None:
     """Count a fused engine call's seconds towards the measuring budget (:mod:`lstmgrad.ops.api`;
     the tuner's own runs call the engine directly and are not counted)."""
@@ -509,8 +521,9 @@ def default_plan(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
 
 
 WATCH_EVERY = 16
-"""A plan in use runs its alternative instead on every 16th call of its sizes and kind (at most a
-few per cent of the time where the alternative is slower): the in-use check."""
+"""A plan in use runs its alternative instead on every 16th call of its sizes and kind (and on
+calls 4, 8 and 12; a few per cent of the time where the alternative is slower): the in-use
+check."""
 
 WATCH_SAMPLES = 3
 """Samples of an alternative the in-use check needs before it may switch."""
@@ -530,10 +543,10 @@ def _parallel(p: Plan) -> bool:
 class _Watch:
     """The in-use check of one call's sizes and kind, over a chain of plans: the plan chosen,
     then its fallbacks (the default plan where a measured plan was chosen; the plan in use on
-    one thread where it has several). Every :data:`WATCH_EVERY`-th call runs an alternative
-    (the next fallback, the one-thread one on every 4th such call or while
-    :func:`machine_busy`; else the plan before the one in use, to come back once the machine is
-    quiet again) and its seconds are set
+    one thread where it has several). Calls 4, 8, 12 and every :data:`WATCH_EVERY`-th after run
+    an alternative (the next fallback, the one-thread one on every 4th such call or while
+    :func:`cpus_contended`; else the plan before the one in use, to come back once the machine
+    is quiet again) and its seconds are set
     against the median of the calls just before it. Once the median of
     :data:`WATCH_SAMPLES` such ratios says the alternative is faster by :data:`GATE_MARGIN`,
     it serves. A measured plan that loses to the default turns the gate's stored decision
@@ -553,10 +566,10 @@ class _Watch:
         nxt = self.using + 1
         if nxt < len(self.plans):
             # one thread: every 4th sample on a quiet machine (a few per cent where threads
-            # pay), every sample while other processes load it
+            # pay), every sample while other threads are runnable on every CPU
             if not self._is_one_thread(nxt) or self.calls % (4 * WATCH_EVERY) == 0:
                 return nxt
-            if machine_busy():
+            if cpus_contended():
                 return nxt
         return self.using - 1 if self.using > 0 else None
 
@@ -567,7 +580,10 @@ class _Watch:
         """The plan of the next call, and the index of the alternative it samples (None: the
         plan in use)."""
         self.calls += 1
-        if sample and self.calls % WATCH_EVERY == 0 and len(self.recent) >= 3:
+        # the first samples early (calls 4, 8, 12): a plan that collapses is left within a few
+        # calls, not a few dozen
+        due = self.calls % WATCH_EVERY == 0 or self.calls in (4, 8, 12)
+        if sample and due and len(self.recent) >= 3:
             alt = self._alternative()
             if alt is not None:
                 return self.plans[alt], alt
