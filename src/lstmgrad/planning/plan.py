@@ -383,7 +383,7 @@ def cache_dir() -> Path:
     return _cache_dir(_cache_env())
 
 
-WISDOM_FORMAT = 19
+WISDOM_FORMAT = 20
 """The version of what a measurement holds: a store written with other candidates (an older
 lstmgrad) is measured again rather than read."""
 
@@ -484,11 +484,13 @@ def _measured(dims: Dims, dtype: np.dtype, gemm: Any, m: str) -> tuple[Plan, boo
     return (measured if entry["ratio"] >= GATE_MARGIN else default), True
 
 
-WALK_MIN_MACS = 1 << 20
+WALK_MIN_MACS = 1 << 24
 """The default plan's cost model: a walk is split over threads (blocks of rows, or the two
 directions) only where each part's recurrent products over all steps reach this many
-multiply-adds: about a millisecond of one core's work, orders of magnitude above a thread
-hand-off, so that tiny layers stay on one thread."""
+multiply-adds: about a millisecond of one core's work (20-50 GFLOP/s in a walk's small
+products), the order of a scheduler's time slice, which is what a parallel region waits when
+another process holds one of its cores. At 2^20 (tens of microseconds) small calls beside a
+busy process ran 10-30x slower than on one thread (Intel Xeon, grid shapes H64-H300)."""
 
 
 def default_plan(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
