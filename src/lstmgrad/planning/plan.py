@@ -484,13 +484,12 @@ def _measured(dims: Dims, dtype: np.dtype, gemm: Any, m: str) -> tuple[Plan, boo
     return (measured if entry["ratio"] >= GATE_MARGIN else default), True
 
 
-WALK_MIN_MACS = 1 << 24
+WALK_MIN_MACS = 1 << 20
 """The default plan's cost model: a walk is split over threads (blocks of rows, or the two
 directions) only where each part's recurrent products over all steps reach this many
-multiply-adds: about a millisecond of one core's work (20-50 GFLOP/s in a walk's small
-products), the order of a scheduler's time slice, which is what a parallel region waits when
-another process holds one of its cores. At 2^20 (tens of microseconds) small calls beside a
-busy process ran 10-30x slower than on one thread (Intel Xeon, grid shapes H64-H300)."""
+multiply-adds: tens of microseconds of one core's work, above a thread hand-off on a quiet
+machine, so that tiny layers stay on one thread; beside busy processes the in-use check
+moves a plan whose threads stall to one thread."""
 
 
 def default_plan(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
