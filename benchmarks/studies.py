@@ -295,6 +295,7 @@ def _lowp_pair(shape: str, mode: str) -> dict[str, Item]:
     """Both modules with the same weights (``proj``: torch's with proj_size = H / 2, lstmgrad's
     without) and one step each: zero_grad, forward, a float32 sum of the outputs, backward."""
     import torch
+
     from lstmgrad.nn import LSTM
 
     t, b, i, h, layers, bi = LOWP_SHAPES[shape]

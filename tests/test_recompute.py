@@ -13,13 +13,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lstmgrad.nn import LSTM  # noqa: E402
-from lstmgrad.torch_ops import lstm  # noqa: E402
-
 import lstmgrad  # noqa: E402
 from lstmgrad import recompute  # noqa: E402
 from lstmgrad.core.errors import ACLNN_ERR_PARAM_INVALID, LstmInvalidArgumentError  # noqa: E402
 from lstmgrad.core.layout import Dims  # noqa: E402
+from lstmgrad.nn import LSTM  # noqa: E402
+from lstmgrad.torch_ops import lstm  # noqa: E402
 from oracles import (  # noqa: E402
     batch_sizes_of,
     make_lstm,

@@ -11,11 +11,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import lstmgrad.torch_ops as torch_ops  # noqa: E402
-from lstmgrad.nn import LSTM  # noqa: E402
 from torch.func import functional_call, grad, jacfwd, jacrev, vmap  # noqa: E402
 from torch.nn.utils.rnn import pack_sequence  # noqa: E402
 
+import lstmgrad.torch_ops as torch_ops  # noqa: E402
+from lstmgrad.nn import LSTM  # noqa: E402
 from lstmgrad.pytorch.torch_grad import torch_lstm  # noqa: E402
 
 OPS = torch.ops.lstmgrad

@@ -8,8 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lstmgrad.torch_ops import lstm  # noqa: E402
 from torch.library import opcheck  # noqa: E402
+
+from lstmgrad.torch_ops import lstm  # noqa: E402
 
 OPS = torch.ops.lstmgrad
 
@@ -161,9 +162,9 @@ def test_saved_stacking_is_exact(rows):
     engine's block where its arrays lie back to back, a copy otherwise, and np.stack's values
     in every case."""
     import numpy as np
-    from lstmgrad.torch_ops import _stacked
 
     from lstmgrad.core.workspace import block
+    from lstmgrad.torch_ops import _stacked
 
     cols = 6 if rows == 4 else 48
     arrays = block([(rows, cols)] * 5, np.float32)
