@@ -365,7 +365,7 @@ def test_pass_phases_are_paired_within_rounds(monkeypatch):
     candidates = {"one": {"threads": 1}, "two": {"threads": 2}}
     dims = {"T": 3, "B": 2, "I": 3, "H": 4, "D": 1, "dtype": "float32"}
     phases: dict[str, list[float]] = {}
-    seconds = tune._pass_times(dims, NUMPY_GEMM, candidates, phases)
+    seconds = tune._pass_times(dims, _FourThreadGemm(), candidates, phases)
     assert seconds["two"] < seconds["one"]  # its lucky run, as the least of each sees it
     assert phases["two"][0] > phases["one"][0] and phases["two"][1] > phases["one"][1]
     assert phases["two"][1] / phases["one"][1] == pytest.approx(1.1)
