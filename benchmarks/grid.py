@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             shapes = w.grid_sample(args.n, args.seed)
     except ValueError as exc:
         p.error(str(exc))
-    rounds = args.rounds or (2 if args.quick else 5)
+    rounds = args.rounds or w.RUN_SIZES["grid"][args.quick]["rounds"]
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     path = args.json or RESULTS / f"grid-{stamp}.json"
     print(f"{len(shapes)} shapes, {rounds} rounds, {args.busy} busy processes", flush=True)

@@ -50,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, metavar="PATH", help="results (with --compare default "
                    "benchmarks/results/packed_tagger-<date>-<time>.json)")  # fmt: skip
     args = p.parse_args(argv)
-    epochs = args.epochs or (1 if args.quick else 2)
-    n_sent = args.sentences or (96 if args.quick else 640)
+    sizes = w.RUN_SIZES["tagger"][args.quick]
+    epochs = args.epochs or sizes["epochs"]
+    n_sent = args.sentences or sizes["sentences"]
     if args.compare:
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         doc = w.run_tagger(epochs, args.runs, args.busy, n_sent, args.batch,

@@ -38,9 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, metavar="PATH",
                    help="results (default benchmarks/results/word_lm-<date>-<time>.json)")  # fmt: skip
     args = p.parse_args(argv)
-    rounds = args.rounds or (2 if args.quick else 10)
-    chunk = args.chunk or (3 if args.quick else 20)
-    warmup = args.warmup if args.warmup is not None else 2 if args.quick else 5
+    sizes = w.RUN_SIZES["word-lm"][args.quick]
+    rounds = args.rounds or sizes["rounds"]
+    chunk = args.chunk or sizes["chunk"]
+    warmup = args.warmup if args.warmup is not None else sizes["warmup"]
     cfg = dataclasses.replace(w.WordLMConfig(), tied=args.tied)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     path = args.json or RESULTS / f"word_lm-{stamp}.json"

@@ -610,9 +610,8 @@ class _Watch:
 
 # key -> (plan, final: no class waits to be measured, the default plan where the plan differs)
 _memo: dict[tuple, tuple[Plan, bool, Plan | None]] = {}
-_watches: dict[
-    tuple, _Watch | None
-] = {}  # (key, part) -> its in-use check (None: nothing to watch)
+# (key, part) -> its in-use check (None: nothing to watch)
+_watches: dict[tuple, _Watch | None] = {}
 _lost_keys: set[tuple] = set()  # keys whose measured plan lost in use: the default serves
 
 
@@ -652,10 +651,6 @@ def _planned(dims: Dims, dtype: np.dtype, gemm: Any) -> tuple[Plan, Plan | None,
     return memo[0], memo[2], key
 
 
-def _lost(key: tuple) -> bool:
-    return key in _lost_keys
-
-
 def plan_for(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     """The plan of calls of these sizes: measured where it beat the default in the gate (else
     the default plan; the safe plan with LSTMGRAD_TUNE=off), then forced fields (LSTMGRAD_PLAN,
@@ -663,7 +658,7 @@ def plan_for(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     thread counts (a call pays a dictionary lookup); the default once the in-use check found it
     faster."""
     chosen, default, key = _planned(dims, dtype, gemm)
-    return default if default is not None and _lost(key) else chosen
+    return default if default is not None and key in _lost_keys else chosen
 
 
 def _budget_only(seconds: float, work: float = 1.0) -> None:
@@ -679,13 +674,13 @@ def plan_call(dims: Dims, dtype: np.dtype, gemm: Any, part: Any,
     instead (:class:`_Watch`); without it (a call whose scratch was sized for
     :func:`plan_for`'s plan) never, and the plan is :func:`plan_for`'s."""
     chosen, default, key = _planned(dims, dtype, gemm)
-    lost = default is not None and _lost(key)
-    first = default if default is not None and lost else chosen
+    measured = default is not None and key not in _lost_keys  # and still in use
+    first = chosen if default is None or measured else default
     if not sample or not key:  # LSTMGRAD_TUNE=off: the safe plan always
         return first, _budget_only
     if (key, part) not in _watches:
         chain = [first]
-        if default is not None and not lost:
+        if measured and default is not None:
             chain.append(default)
         forced_threads = {"threads", "walk_rows", "pair_walks"} & set(overrides())
         if _parallel(chain[-1]) and not forced_threads:  # threads the caller forced stay
@@ -693,8 +688,7 @@ def plan_call(dims: Dims, dtype: np.dtype, gemm: Any, part: Any,
             if single != chain[-1]:
                 chain.append(single)
         _watches[(key, part)] = None if len(chain) == 1 else _Watch(
-            chain, default is not None and not lost, wisdom(gemm.kind),
-            gate_class(dims, dtype, gemm.kind), key,
+            chain, measured, wisdom(gemm.kind), gate_class(dims, dtype, gemm.kind), key,
         )  # fmt: skip
     watch = _watches[(key, part)]
     if watch is None:  # nothing to fall back to

@@ -309,13 +309,14 @@ def _bench_workload(args: argparse.Namespace, busy: int) -> int:
         print(torch_missing("lstmgrad bench"), file=sys.stderr)
         return 2
     quick, path = args.quick, args.json
+    sizes = w.RUN_SIZES[args.workload][quick]
 
     def say(line: str) -> None:
         print(f"  {line}", flush=True)
 
     if args.workload == "grid":
         shapes = w.quick_shapes() if quick else w.grid_sample()
-        rounds = args.rounds or (2 if quick else 5)
+        rounds = args.rounds or sizes["rounds"]
         print(f"grid: a training step and an eval forward of Embedding -> LSTM -> Linear, "
               f"{len(shapes)} shapes, {rounds} rounds each, {busy} busy processes; a class of "
               "shapes new to this machine is measured first (seconds)", flush=True)  # fmt: skip
@@ -329,14 +330,14 @@ def _bench_workload(args: argparse.Namespace, busy: int) -> int:
         doc = w.run_grid(shapes, rounds, busy_n=busy, progress=progress)
         table = w.format_grid(doc)
     elif args.workload == "word-lm":
-        rounds, chunk, warmup = (args.rounds or 2, 3, 2) if quick else (args.rounds or 10, 20, 5)
+        rounds, chunk, warmup = args.rounds or sizes["rounds"], sizes["chunk"], sizes["warmup"]
         print(f"word-lm: PyTorch's word-level language model (2-layer LSTM 200/200, bptt 35, "
               f"batch 20), {warmup} untimed batches then {rounds} rounds of {chunk} batches per "
               f"side, {busy} busy processes", flush=True)  # fmt: skip
         doc = w.run_word_lm(rounds, chunk, warmup, busy, progress=say)
         table = w.format_word_lm(doc)
     else:
-        epochs, sentences = (1, 96) if quick else (2, 640)
+        epochs, sentences = sizes["epochs"], sizes["sentences"]
         runs = args.rounds or 2
         print(f"tagger: {runs} runs of a fresh process per side (run 1 on empty plan and Numba "
               f"caches), {epochs} epochs of {sentences} sentences each, {busy} busy processes",

@@ -49,6 +49,15 @@ PAUSE_S = 0.05  # after every timed batch: the idle side's spinning threads go t
 BATCH_S = 0.1  # aimed seconds of one timed batch of reps (a grid item's reps are set from it)
 MAX_REPS = 50
 
+# each workload's run sizes, in full and with --quick (a smoke run): the scripts in benchmarks/
+# and ``lstmgrad bench --workload`` read them here
+RUN_SIZES: dict[str, dict[bool, dict[str, int]]] = {
+    "grid": {False: {"rounds": 5}, True: {"rounds": 2}},
+    "word-lm": {False: {"rounds": 10, "chunk": 20, "warmup": 5},
+                True: {"rounds": 2, "chunk": 3, "warmup": 2}},
+    "tagger": {False: {"epochs": 2, "sentences": 640}, True: {"epochs": 1, "sentences": 96}},
+}  # fmt: skip
+
 # --------------------------------------------------------------------------------------------
 # lstmgrad's modules (imported on use: this module imports without torch)
 
