@@ -216,3 +216,93 @@ def test_saved_activations_of_the_op_are_the_engines(hidden):
     assert all(np.shares_memory(a, into) for lst in got.saved[:7] for a in lst)
     with pytest.raises(LstmInternalError, match="saved_into must be"):
         run_forward(call, None, "fused", torch_gemm(), np.empty((7, 1, 1, 1, 1)))
+
+
+# --------------------------------------------------------------------------- the eager path
+
+
+def _run_lstm(case, dtype=torch.float64):
+    """lstm()'s output, h_n, c_n and every leaf's gradient of a fixed weighted sum."""
+    x, ps, h0, c0, bs, fl = case_args(case, dtype, requires_grad=True)
+    y, hy, cy = lstm(x, ps, (h0, c0), bs, **fl)
+    g = torch.Generator().manual_seed(2)
+    loss = sum((t * torch.randn(t.shape, generator=g, dtype=dtype)).sum() for t in (y, hy, cy))
+    grads = torch.autograd.grad(loss, [x, h0, c0, *ps])
+    return (y, hy, cy, *grads), y.grad_fn
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_eager_path_is_the_op_bit_for_bit(case, monkeypatch):
+    """Plain eager calls skip torch's op dispatcher (lstm_forward's body under an
+    autograd.Function); their results and gradients are the op's exactly."""
+    import lstmgrad.pytorch.torch_ops as torch_ops
+
+    got, grad_fn = _run_lstm(case, torch.float32)
+    assert type(grad_fn).__name__ == "_EagerBackward"
+    monkeypatch.setattr(torch_ops, "_eager", lambda tensors: False)
+    want, op_grad_fn = _run_lstm(case, torch.float32)
+    assert type(op_grad_fn).__name__ != "_EagerBackward"
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_eager_path_gradients_against_float64_autograd():
+    """The eager path's gradients against torch.nn.LSTM's autograd in float64 (an independent
+    oracle), bidirectional, two layers, with h0 and c0."""
+    case = CASES[1]
+    x, ps, h0, c0, _, fl = case_args(case, requires_grad=True)
+    ref = torch.nn.LSTM(3, 4, num_layers=2, bidirectional=True, batch_first=True,
+                        dtype=torch.float64)  # fmt: skip
+    with torch.no_grad():
+        for w, p in zip(ref._flat_weights, ps, strict=True):
+            w.copy_(p)
+    y, (hy, cy) = ref(x, (h0, c0))
+    want = torch.autograd.grad(
+        (y.sum() + hy.square().sum() + cy.sum()), [x, h0, c0, *ref._flat_weights]
+    )
+    y2, hy2, cy2 = lstm(x, ps, (h0, c0), **fl)
+    assert y2.grad_fn is not None and type(y2.grad_fn).__name__ == "_EagerBackward"
+    got = torch.autograd.grad((y2.sum() + hy2.square().sum() + cy2.sum()), [x, h0, c0, *ps])
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_a_dispatch_mode_sees_the_op():
+    """Under a TorchDispatchMode (a profiler, fake tensors) the call goes through the op, which
+    the mode then sees by name."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x, ps, h0, c0, bs, fl = case_args(CASES[0], requires_grad=True)
+    with Log():
+        y = lstm(x, ps, (h0, c0), bs, **fl)[0]
+        y.sum().backward()
+    assert "lstmgrad.lstm_forward.default" in seen and "lstmgrad.lstm_backward.default" in seen
+
+
+def test_eager_path_catches_an_input_changed_in_place():
+    """The eager path saves its inputs as autograd does (version counters): changing one in
+    place between the forward and the backward raises instead of a wrong gradient."""
+    x, ps, h0, c0, bs, fl = case_args(CASES[0], requires_grad=True)
+    leaf = ps[0]
+    w = leaf * 1.0  # a non-leaf that can be changed in place
+    y = lstm(x, [w, *ps[1:]], (h0, c0), bs, **fl)[0]
+    with torch.no_grad():
+        w.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_eager_path_without_grad_records_nothing():
+    """Under no_grad (inference) the body runs alone: no graph, the same output as with one."""
+    x, ps, h0, c0, bs, fl = case_args(CASES[2], requires_grad=True)
+    with torch.no_grad():
+        y = lstm(x, ps, (h0, c0), bs, **fl)[0]
+    assert y.grad_fn is None and not y.requires_grad
+    assert torch.equal(y, lstm(x, ps, (h0, c0), bs, **fl)[0].detach())

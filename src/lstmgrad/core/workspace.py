@@ -8,6 +8,7 @@ same code. ``block`` allocates a call's results in one recycled block.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -46,6 +47,11 @@ def _aligned(n: int) -> int:
 
 def workspace_bytes(slots: Sequence[Slot]) -> int:
     """Bytes needed for ``slots`` carved in order, each aligned to 64 bytes (plus alignment slack)."""
+    return _bytes_of(tuple(slots))
+
+
+@functools.lru_cache(maxsize=512)  # the same slots every call of a shape
+def _bytes_of(slots: tuple[Slot, ...]) -> int:
     total = sum(_aligned(math.prod(shape) * np.dtype(dt).itemsize) for shape, dt in slots)
     return total + ALIGN if total else 0
 

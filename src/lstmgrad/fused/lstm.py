@@ -146,7 +146,8 @@ def _backward_step(plan: Plan, hidden: int, dy, has_dy, dh, dc, acts, cp, dg, n,
         kernels.backward_step(dy, has_dy, dh, dc, *acts, cp, dg, n, db, with_db)
 
 
-def forward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> list[Slot]:
+@functools.lru_cache(maxsize=256)  # a pure function of hashable sizes, asked twice a call
+def forward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> tuple[Slot, ...]:
     """Scratch of the forward (compute dtype cd) under ``plan``.
 
     x [N, max(I, D*H)] packed layer input; gx [P, N, 4H] its projection; gh [P, B, 4H] the
@@ -159,7 +160,7 @@ def forward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> list[Slo
     n, width = t * b, max(dims.I, dims.D * h)
     acts = (7, t, b, h) if cd != dtype else (0,)
     p = 2 if plan.pair_walks else 1
-    return [
+    return (
         ((n, width), cd),
         ((p, n, 4 * h), cd),
         ((p, b, 4 * h), cd),
@@ -167,10 +168,11 @@ def forward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> list[Slo
         ((p, b, h), cd),
         (acts, cd),
         ((t, b, dims.D * h), cd),
-    ]
+    )
 
 
-def backward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> list[Slot]:
+@functools.lru_cache(maxsize=256)  # a pure function of hashable sizes, asked twice a call
+def backward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> tuple[Slot, ...]:
     """Scratch of the backward (compute dtype cd) under ``plan``.
 
     xh [N, max(I, D*H) + H] packed [layer input | h_prev] (the "nt2" and "rows2" layouts: the
@@ -188,7 +190,7 @@ def backward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> list[Sl
     acts = (7, t, b, h) if cd != dtype else (0,)
     layout = plan.weight_grad
     p = 2 if plan.pair_walks else 1
-    return [
+    return (
         ((n, width + h), cd),
         ((p, n, 4 * h), cd),
         ((p, n, h), cd),
@@ -203,7 +205,7 @@ def backward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> list[Sl
         (acts, cd),
         ((4 * h, n) if layout in ("nt", "nt2") else (0,), cd),
         ((p, b, 4 * h) if dims.has_bias else (p, 1, 1), cd),
-    ]
+    )
 
 
 def forward_bytes(call: ForwardCall, plan: Plan) -> int:

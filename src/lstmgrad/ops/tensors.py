@@ -378,6 +378,13 @@ class TorchGemm:
         return True
 
 
+_torch_gemms: dict[bool, TorchGemm] = {}  # by private_ops_allowed(): a back end holds no state
+
+
 def torch_gemm() -> TorchGemm:
     """The GEMMs for a call with torch tensors (torch must be loaded)."""
-    return TorchGemm()
+    allowed = private_ops_allowed()
+    gemm = _torch_gemms.get(allowed)
+    if gemm is None:
+        gemm = _torch_gemms[allowed] = TorchGemm()
+    return gemm

@@ -198,21 +198,26 @@ class LSTM(torch.nn.LSTM):
         if wide:  # computed in float32; the casts' own gradients round to bfloat16
             input, hx = input.float(), (hx[0].float(), hx[1].float())
             weights = [w.float() for w in weights]
-        with torch.autocast("cpu", enabled=False):  # the engine's own GEMMs stay as they are
-            y, h_n, c_n = lstm(
-                input,
-                weights,
-                hx,
-                batch_sizes,
-                has_bias=self.bias,
-                num_layers=self.num_layers,
-                dropout=float(self.dropout),
-                train=self.training,
-                bidirectional=self.bidirectional,
-                batch_first=self.batch_first and batch_sizes is None,
-                recompute=self.recompute,
-                max_saved_bytes=self.max_saved_bytes,
-            )
+        run = functools.partial(
+            lstm,
+            input,
+            weights,
+            hx,
+            batch_sizes,
+            has_bias=self.bias,
+            num_layers=self.num_layers,
+            dropout=float(self.dropout),
+            train=self.training,
+            bidirectional=self.bidirectional,
+            batch_first=self.batch_first and batch_sizes is None,
+            recompute=self.recompute,
+            max_saved_bytes=self.max_saved_bytes,
+        )
+        if torch.is_autocast_enabled("cpu"):
+            with torch.autocast("cpu", enabled=False):  # the engine's own GEMMs stay as they are
+                y, h_n, c_n = run()
+        else:
+            y, h_n, c_n = run()
         if wide:
             return y.bfloat16(), h_n.bfloat16(), c_n.bfloat16()
         return y, h_n, c_n

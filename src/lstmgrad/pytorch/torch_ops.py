@@ -94,6 +94,27 @@ def lstm_forward(
     batch_first: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The forward (aclnnLSTM) as a custom op; see the module docstring for the schema."""
+    return _forward_impl(
+        input, params, h0, c0, batch_sizes, dropout_masks, has_bias, num_layers, dropout, train,
+        bidirectional, batch_first,
+    )  # fmt: skip
+
+
+def _forward_impl(
+    input: Tensor,
+    params: Sequence[Tensor],
+    h0: Tensor,
+    c0: Tensor,
+    batch_sizes: Tensor | None,
+    dropout_masks: Tensor | None,
+    has_bias: bool,
+    num_layers: int,
+    dropout: float,
+    train: bool,
+    bidirectional: bool,
+    batch_first: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The body of ``lstmgrad::lstm_forward`` (also run directly by the eager path)."""
     fn = "lstmgrad::lstm_forward"
     masks = _unstacked(to_numpy(fn, "dropout_masks", dropout_masks))
     call = check_forward(
@@ -188,6 +209,32 @@ def lstm_backward(
     output_mask: list[bool],
 ) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
     """The backward (aclnnLstmBackward) as a custom op; see the module docstring for the schema."""
+    return _backward_impl(
+        input, params, h0, c0, dy, dh, dc, saved, batch_sizes, dropout_masks, has_bias,
+        num_layers, dropout, train, bidirectional, batch_first, output_mask,
+    )  # fmt: skip
+
+
+def _backward_impl(
+    input: Tensor,
+    params: Sequence[Tensor],
+    h0: Tensor,
+    c0: Tensor,
+    dy: Tensor | None,
+    dh: Tensor | None,
+    dc: Tensor | None,
+    saved: Tensor,
+    batch_sizes: Tensor | None,
+    dropout_masks: Tensor | None,
+    has_bias: bool,
+    num_layers: int,
+    dropout: float,
+    train: bool,
+    bidirectional: bool,
+    batch_first: bool,
+    output_mask: Sequence[bool],
+) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+    """The body of ``lstmgrad::lstm_backward`` (also run directly by the eager path)."""
     fn = "lstmgrad::lstm_backward"
     if saved.dim() != 5 or saved.shape[0] != _GATHERED:
         raise LstmInvalidArgumentError(
@@ -247,28 +294,14 @@ def _forward_backward(
     ctx: Any, dy: Tensor | None, dh: Tensor | None, dc: Tensor | None, _saved: Any
 ) -> Any:
     input, h0, c0, saved, batch_sizes, dropout_masks, *params = ctx.saved_tensors
-    flags = ctx.flags
-    if not flags["train"]:
-        raise RuntimeError(
-            "lstmgrad::lstm_forward: no gradient without saved activations: run the forward "
-            "with train=True to differentiate it"
-        )
     need_x, need_w, need_h0, need_c0 = ctx.needs_input_grad[:4]
     mask = [bool(need_x), bool(need_h0), bool(need_c0), bool(need_w)]
     if not any(mask):
         return (None,) * (6 + len(_FLAGS))
-    args = (
+    dx, dh_prev, dc_prev, dparams = _gradients(
         input, params, h0, c0, dy, dh, dc, saved, batch_sizes, dropout_masks,
-        flags["has_bias"], flags["num_layers"], flags["dropout"], flags["train"],
-        flags["bidirectional"], flags["batch_first"], mask,
+        tuple(ctx.flags.values()), mask, eager=False,
     )  # fmt: skip
-    if torch_grad.is_legacy_batched(dy, dh, dc):
-        flat_args = (args[0], torch_grad.flatten_params(params), *args[2:])
-        dx, dh_prev, dc_prev, flat = torch.ops.lstmgrad.lstm_backward_flat(*flat_args)
-        shapes = [p.shape for p in params]
-        dparams = torch_grad.unflatten_params(flat, shapes) if need_w else []
-    else:
-        dx, dh_prev, dc_prev, dparams = torch.ops.lstmgrad.lstm_backward(*args)
     return (
         dx if need_x else None,
         list(dparams) if need_w else None,
@@ -278,6 +311,81 @@ def _forward_backward(
         None,
         *(None for _ in _FLAGS),
     )
+
+
+def _require_train(flags: tuple[Any, ...]) -> None:
+    if not flags[3]:  # train
+        raise RuntimeError(
+            "lstmgrad::lstm_forward: no gradient without saved activations: run the forward "
+            "with train=True to differentiate it"
+        )
+
+
+def _gradients(
+    input: Tensor, params: Sequence[Tensor], h0: Tensor, c0: Tensor, dy: Tensor | None,
+    dh: Tensor | None, dc: Tensor | None, saved: Tensor, batch_sizes: Tensor | None,
+    dropout_masks: Tensor | None, flags: tuple[Any, ...], mask: list[bool], eager: bool,
+) -> tuple[Tensor, Tensor, Tensor, Sequence[Tensor]]:  # fmt: skip
+    """The backward op's results for the forward's autograd formula: through the op, which is
+    differentiable (create_graph) and batched (is_grads_batched), or, for ``eager`` calls
+    needing neither, its body directly."""
+    _require_train(flags)
+    args = (input, params, h0, c0, dy, dh, dc, saved, batch_sizes, dropout_masks, *flags, mask)
+    if torch_grad.is_legacy_batched(dy, dh, dc):
+        flat_args = (args[0], torch_grad.flatten_params(params), *args[2:])
+        dx, dh_prev, dc_prev, flat = torch.ops.lstmgrad.lstm_backward_flat(*flat_args)
+        shapes = [p.shape for p in params]
+        dparams = torch_grad.unflatten_params(flat, shapes) if mask[3] else []
+        return dx, dh_prev, dc_prev, dparams
+    if eager and not torch.is_grad_enabled():
+        return _backward_impl(*args)
+    return torch.ops.lstmgrad.lstm_backward(*args)  # type: ignore[no-any-return]
+
+
+class _Eager(torch.autograd.Function):
+    """``lstmgrad::lstm_forward`` and its autograd formula without torch's op dispatcher, for
+    plain eager calls (:func:`_eager`): the dispatcher and its autograd wrapper cost more than a
+    small LSTM's arithmetic. The same bodies run, so the results are the op's, bit for bit; a
+    double backward still goes through the backward op and its registered gradient."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, input: Tensor, h0: Tensor, c0: Tensor, batch_sizes: Tensor | None,
+        masks: Tensor | None, flags: tuple[Any, ...], *params: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+        out, hy, cy, saved = _forward_impl(input, params, h0, c0, batch_sizes, masks, *flags)
+        ctx.flags = flags
+        ctx.set_materialize_grads(False)
+        if flags[3]:  # train: what the backward needs
+            ctx.save_for_backward(input, h0, c0, saved, batch_sizes, masks, *params)
+        return out, hy, cy
+
+    @staticmethod
+    def backward(ctx: Any, dy: Tensor | None, dh: Tensor | None, dc: Tensor | None) -> Any:  # type: ignore[override]
+        need = ctx.needs_input_grad
+        mask = [bool(need[0]), bool(need[1]), bool(need[2]), any(need[6:])]
+        _require_train(ctx.flags)
+        if not any(mask):
+            return (None,) * len(need)
+        input, h0, c0, saved, batch_sizes, masks, *params = ctx.saved_tensors
+        dx, dh_prev, dc_prev, dparams = _gradients(
+            input, params, h0, c0, dy, dh, dc, saved, batch_sizes, masks, ctx.flags, mask,
+            eager=True,
+        )  # fmt: skip
+        grads_w = list(dparams) if mask[3] else [None] * len(params)
+        return (
+            dx if mask[0] else None, dh_prev if mask[1] else None, dc_prev if mask[2] else None,
+            None, None, None, *grads_w,
+        )  # fmt: skip
+
+
+def _eager(tensors: Sequence[Tensor]) -> bool:
+    """Whether a call may run :class:`_Eager`: plain CPU tensors (no subclass, whose own
+    dispatch the op keeps) and no TorchFunctionMode or TorchDispatchMode active (a profiler, a
+    fake-tensor or device mode: they see the op as such)."""
+    if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
+        return False
+    return all(type(t) is Tensor or type(t) is torch.nn.Parameter for t in tensors)
 
 
 lstm_forward.register_autograd(_forward_backward, setup_context=_forward_setup)
@@ -290,10 +398,11 @@ torch_grad.register(lstm_forward, lstm_backward)
 
 
 def _route(input: Tensor, params: Sequence[Tensor], h0: Tensor, c0: Tensor) -> str:
-    """Which path runs: "op" normally; "function" under a torch.func transform (which takes an
-    autograd.Function with setup_context, not a custom op's own autograd formula); "torch" with
-    forward-mode AD tangents outside torch.func (a jvp rule cannot open the nested dual level it
-    would need)."""
+    """Which path runs: "op" under torch.compile, for tensor subclasses and under dispatch
+    modes; "function" under a torch.func transform (which takes an autograd.Function with
+    setup_context, not a custom op's own autograd formula); "torch" with forward-mode AD
+    tangents outside torch.func (a jvp rule cannot open the nested dual level it would need);
+    else "eager" (:class:`_Eager`)."""
     if torch.compiler.is_compiling():
         return "op"
     if torch._C._are_functorch_transforms_active():
@@ -303,7 +412,7 @@ def _route(input: Tensor, params: Sequence[Tensor], h0: Tensor, c0: Tensor) -> s
         for t in (input, h0, c0, *params)
     ):
         return "torch"
-    return "op"
+    return "eager" if _eager((input, h0, c0, *params)) else "op"
 
 
 def lstm(
@@ -395,10 +504,18 @@ def lstm(
             input, params, h0, c0, batch_sizes, masks, has_bias, num_layers, bidirectional,
             batch_first,
         )  # fmt: skip
+    flags = (has_bias, num_layers, dropout if applies else 0.0, save, bidirectional, batch_first)
+    if route == "eager" and not needs_grad:  # no graph to record: the body alone
+        output, h_n, c_n, _ = _forward_impl(input, params, h0, c0, batch_sizes, masks, *flags)
+        return output, h_n, c_n
+    if route == "eager":
+        result: tuple[Tensor, Tensor, Tensor] = _Eager.apply(
+            input, h0, c0, batch_sizes, masks, flags, *params
+        )
+        return result
     output, h_n, c_n, _ = torch.ops.lstmgrad.lstm_forward(
-        input, list(params), h0, c0, batch_sizes, masks, has_bias, num_layers,
-        dropout if applies else 0.0, save, bidirectional, batch_first,
-    )  # fmt: skip
+        input, list(params), h0, c0, batch_sizes, masks, *flags
+    )
     return output, h_n, c_n
 
 
