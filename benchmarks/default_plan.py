@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     by_name: dict = {s.id: s for s in SHAPES}
     if args.grid:  # the realistic grid: I = H, the LSTM alone
         by_name = {s.id: s for s in workloads.grid_sample()}
-        args.shapes = ",".join(by_name)
+        args.shapes = args.shapes if "H" in args.shapes else ",".join(by_name)
     out = {"load": os.getloadavg(), "cpu": lstmgrad.core.machine.cpu_model(), "shapes": {}}
     print(f"{'shape':22s} {'off ms':>9s} {'default ms':>11s} {'measured ms':>12s}  off/measured"
           "  default/measured")  # fmt: skip
