@@ -1035,3 +1035,67 @@ def test_big_products_measure_the_conversions():
     assert not any(k.startswith("convert/") for k in numpy_entry["seconds"])
     f64 = tune.measure_big({**cls, "dtype": "float64"}, lstmgrad.ops.tensors.torch_gemm())
     assert f64["plan"]["convert"] == "kernels"  # float64 storage converts nothing
+
+
+# --------------------------------------------------------------------------- LSTMGRAD_BLAS
+
+
+def _grads_of(x, hx, params, dy, kw):
+    fw = lstmgrad.lstm_forward(x, params, hx, **kw)
+    bw = lstmgrad.lstm_backward(x, hx, params, dy, None, None, *fw.saved[:7], **kw)
+    return [fw.output, fw.hy, fw.cy, bw.dx, bw.dh_prev, bw.dc_prev, *bw.dparams]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numpy_calls_on_torchs_blas(monkeypatch, dtype):
+    """LSTMGRAD_BLAS=torch: a call with NumPy arrays runs its GEMMs on torch's libraries (the
+    tensor call's back end), returns NumPy arrays, and gives the tensor call's results; the
+    float64 ones agree with the NumPy back end's to rounding."""
+    from lstmgrad.ops import tensors as tensors_mod
+
+    x, hx, params, dy, kw = make(dtype)
+    numpy_side = _grads_of(x, hx, params, dy, kw)
+    products = []
+    original = tensors_mod.TorchGemm.product
+
+    def counted(self, a, b, scratch, method, /):
+        products.append(method)
+        return original(self, a, b, scratch, method)
+
+    monkeypatch.setattr(tensors_mod.TorchGemm, "product", counted)
+    monkeypatch.setenv("LSTMGRAD_BLAS", "torch")
+    with forced(threads=1, walk_rows=1, pair_walks=False):
+        got = _grads_of(x, hx, params, dy, kw)
+        assert products, "the NumPy call's GEMMs did not run on torch's back end"
+        want = _grads_of(tensors(x), tensors(hx), tensors(params), tensors(dy), kw)
+    for a, t, n in zip(got, want, numpy_side, strict=True):
+        assert isinstance(a, np.ndarray)
+        np.testing.assert_array_equal(a, t.numpy())
+        rtol = 1e-12 if dtype == np.float64 else 1e-4
+        np.testing.assert_allclose(a, n, rtol=rtol, atol=rtol)
+
+
+def test_lstmgrad_blas_values(monkeypatch):
+    """numpy (or unset) is NumPy's BLAS; an unknown value names the variable and the choices."""
+    from lstmgrad.fused.gemm import NUMPY_GEMM
+    from lstmgrad.ops.tensors import array_gemm
+
+    for value in ("", "numpy", " NumPy "):
+        monkeypatch.setenv("LSTMGRAD_BLAS", value)
+        assert array_gemm() is NUMPY_GEMM
+    monkeypatch.setenv("LSTMGRAD_BLAS", "mkl")
+    x, hx, params, dy, kw = make(np.float32)
+    with pytest.raises(ValueError, match="LSTMGRAD_BLAS: expected 'numpy' or 'torch', got 'mkl'"):
+        lstmgrad.lstm_forward(x, params, hx, **kw)
+
+
+def test_lstmgrad_blas_torch_without_torch(monkeypatch):
+    """LSTMGRAD_BLAS=torch where torch cannot be imported: an ImportError that says what to do."""
+    import sys
+
+    from lstmgrad.ops.tensors import array_gemm
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    monkeypatch.setenv("LSTMGRAD_BLAS", "torch")
+    with pytest.raises(ImportError, match="LSTMGRAD_BLAS=torch: PyTorch is not installed"):
+        array_gemm()

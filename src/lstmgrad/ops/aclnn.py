@@ -50,7 +50,7 @@ from ..core.errors import (
 )
 from ..core.workspace import Arena, workspace_bytes
 from .api import DEFAULT_IMPL, ENGINES, engine_plan, run_backward, run_forward
-from .tensors import from_torch, tensor_to_numpy, torch_gemm
+from .tensors import array_gemm, from_torch, tensor_to_numpy, torch_gemm
 
 __all__ = [
     "ACLNN_SUCCESS",
@@ -151,7 +151,7 @@ def aclnnLstmBackwardGetWorkspaceSize(
         })  # fmt: skip
         (input, hx, params, dy, dh, dc, i, g, f, o, h, c, tanhc, batchSizesOptional, dxOut,
          dhPrevOut, dcPrevOut, dparamsOut) = args.values()  # fmt: skip
-        gemm = torch_gemm() if torch_io else None
+        gemm = torch_gemm() if torch_io else array_gemm()
         check_bool(fn, "train", train)
         call = check_backward(
             fn, input, hx, params, dy, dh, dc, (i, g, f, o, h, c, tanhc), batchSizesOptional,
@@ -234,7 +234,7 @@ def aclnnLSTMGetWorkspaceSize(
         })  # fmt: skip
         (input, params, hx, batchSizes, output, hy, cy, iOut, jOut, fOut, oOut, hOut, cOut,
          tanhCOut) = args.values()  # fmt: skip
-        gemm = torch_gemm() if torch_io else None
+        gemm = torch_gemm() if torch_io else array_gemm()
         call = check_forward(
             fn, input, params, hx, batchSizes, hasBias, numLayers, dropout, False,
             bidirectional, batchFirst, None,

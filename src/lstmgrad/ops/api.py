@@ -37,7 +37,7 @@ from ..planning.plan import (
     step_class,
     wisdom,
 )
-from .tensors import from_torch, to_tensors, torch_gemm
+from .tensors import array_gemm, from_torch, to_tensors, torch_gemm
 
 ENGINES: dict[str, ModuleType] = {"fused": fused, "reference": reference}  # contract.IMPLS
 
@@ -288,7 +288,7 @@ def lstm_backward(
         a["dropout_masks"],
     )  # fmt: skip
     if not torch_io:
-        return run_backward(call, None, impl)
+        return run_backward(call, None, impl, array_gemm())
     return to_tensors(run_backward(call, None, impl, torch_gemm()))
 
 
@@ -357,7 +357,7 @@ def lstm_forward(
         train, bidirectional, batch_first, seed, a["dropout_masks"],
     )  # fmt: skip
     if not torch_io:
-        return run_forward(call, None, impl)
+        return run_forward(call, None, impl, array_gemm())
     return to_tensors(run_forward(call, None, impl, torch_gemm()))
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..core.errors import LstmInvalidArgumentError
 from ..core.machine import torch_threads
-from ..fused.gemm import FixedGemm, dense, loop_product, prepared, transposed_product
+from ..fused.gemm import NUMPY_GEMM, FixedGemm, dense, loop_product, prepared, transposed_product
 from ..fused.kernels import gemm_scratch, library_matmul
 
 
@@ -376,6 +376,27 @@ class TorchGemm:
             return False
         self._torch.from_numpy(dst).copy_(self._torch.from_numpy(src))
         return True
+
+
+def array_gemm() -> Any:
+    """The GEMMs of a call with NumPy arrays: NumPy's BLAS, or torch's where
+    ``LSTMGRAD_BLAS=torch`` (torch imported at the first such call; the arrays are viewed, not
+    copied). torch's MKL and oneDNN run the small per-step products 1.4-1.8x faster than the
+    OpenBLAS of NumPy's wheels (docs/performance.md); results agree to rounding, not bits."""
+    choice = os.environ.get("LSTMGRAD_BLAS", "numpy").strip().lower()
+    if choice in ("", "numpy"):
+        return NUMPY_GEMM
+    if choice != "torch":
+        raise ValueError(f"LSTMGRAD_BLAS: expected 'numpy' or 'torch', got {choice!r}")
+    if _torch() is None:
+        try:
+            import torch  # noqa: F401  (loaded once; the back end takes it from sys.modules)
+        except ImportError as exc:
+            raise ImportError(
+                "LSTMGRAD_BLAS=torch: PyTorch is not installed (pip install torch, or unset "
+                "LSTMGRAD_BLAS to use NumPy's BLAS)"
+            ) from exc
+    return torch_gemm()
 
 
 _torch_gemms: dict[bool, TorchGemm] = {}  # by private_ops_allowed(): a back end holds no state
