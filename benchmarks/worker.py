@@ -37,7 +37,8 @@ def imported() -> dict:
 def info() -> dict:
     """Versions and threads of the libraries this role uses, and which ones are imported."""
     out: dict[str, Any] = {"role": ROLE, "numpy": np.__version__, "input": INPUT}
-    if ROLE != "lstmgrad" or INPUT == "tensors":
+    torch_blas = os.environ.get("LSTMGRAD_BLAS", "").strip().lower() == "torch"
+    if ROLE != "lstmgrad" or INPUT == "tensors" or torch_blas:
         import torch
 
         out.update(torch=torch.__version__, num_threads=torch.get_num_threads())
