@@ -10,10 +10,16 @@ torch = pytest.importorskip("torch")
 
 from torch.nn.utils.rnn import pack_sequence  # noqa: E402
 
+import lstmgrad.pytorch.nn as nn_mod  # noqa: E402
 from lstmgrad.nn import LSTM  # noqa: E402
+from lstmgrad.ops import tensors as tensors_mod  # noqa: E402
+from lstmgrad.torch_ops import lstm  # noqa: E402
 
 BF16_EPS = 2.0**-8  # bfloat16's machine epsilon (8 significand bits)
 F16_EPS = 2.0**-11
+# bfloat16 products (operands rounded to bfloat16) where the CPU has the units; float32 else
+BF16_PRODUCTS = tensors_mod._probe_bf16_gemm(torch)
+BF16_TOL = 4 * BF16_EPS if BF16_PRODUCTS else BF16_EPS
 
 
 def rel(a, b):
@@ -57,19 +63,30 @@ def test_bfloat16_against_float64(num_layers, bidirectional, batch_first):
     outs_ref, grads_ref = loss_and_grads(oracle, ref[0], (ref[1], ref[2]))
     for a, b in [*zip(outs, outs_ref, strict=True), *zip(grads, grads_ref, strict=True)]:
         assert a.dtype == torch.bfloat16 and a.shape == b.shape
-        # one rounding to bfloat16 of a float32 result: half an epsilon, plus float32 noise
-        assert rel(a, b) <= BF16_EPS
+        # one rounding to bfloat16 of a float32 result: half an epsilon, plus float32 noise;
+        # with bfloat16 products, operands rounded too (as torch's bfloat16 products)
+        assert rel(a, b) <= BF16_TOL
 
 
-def test_bfloat16_runs_lstmgrad_not_torch():
-    """The bfloat16 result is float32's rounded once: equal to lstmgrad's float32 result
-    rounded (torch's own bfloat16 LSTM rounds inside and differs)."""
+def _bf16_products(monkeypatch):
+    """lstmgrad.nn.LSTM in float32 runs the bfloat16 products its bfloat16 calls run."""
+
+    def with_bf16_products(*args, **kwargs):
+        return lstm(*args, **{**kwargs, "products": "bfloat16"})
+
+    monkeypatch.setattr(nn_mod, "lstm", with_bf16_products)
+
+
+def test_bfloat16_runs_lstmgrad_not_torch(monkeypatch):
+    """The bfloat16 result is lstmgrad's float32 computation (with bfloat16 products) rounded
+    once (torch's own bfloat16 LSTM rounds inside and differs)."""
     torch.manual_seed(0)
     m = LSTM(6, 8).bfloat16()
     x = torch.randn(5, 3, 6).bfloat16()
     y = m(x)[0]
     m32 = LSTM(6, 8)
     m32.load_state_dict({k: v.float() for k, v in m.state_dict().items()})
+    _bf16_products(monkeypatch)
     assert torch.equal(y, m32(x.float())[0].bfloat16())
 
 
@@ -148,13 +165,14 @@ def test_autocast_leaves_packed_sequences_in_float32_like_torch():
         assert rel(a, c) <= 2e-5 and rel(b, c) <= 4 * BF16_EPS  # torch: bfloat16 products
 
 
-def test_bfloat16_packed_unsorted_is_float32_rounded_once():
+def test_bfloat16_packed_unsorted_is_float32_rounded_once(monkeypatch):
     torch.manual_seed(0)
     m = LSTM(6, 8, num_layers=2, bidirectional=True).bfloat16()
     m32 = LSTM(6, 8, num_layers=2, bidirectional=True)
     m32.load_state_dict({k: v.float() for k, v in m.state_dict().items()})
     seqs = [torch.randn(n, 6).bfloat16() for n in (3, 5, 1, 4)]
     y, (h, c) = m(pack_sequence(seqs, enforce_sorted=False))
+    _bf16_products(monkeypatch)
     y32, (h32, c32) = m32(pack_sequence([s.float() for s in seqs], enforce_sorted=False))
     for a, b in [(y.data, y32.data), (h, h32), (c, c32)]:
         assert a.dtype == torch.bfloat16 and torch.equal(a, b.bfloat16())

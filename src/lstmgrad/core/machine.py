@@ -163,6 +163,12 @@ def _cpu_flags() -> str:
     return ""
 
 
+def native_bfloat16() -> bool:
+    """Whether the CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX-BF16; Linux's
+    /proc/cpuinfo, False where it cannot be read)."""
+    return bool({"avx512_bf16", "amx_bf16"} & set(_cpu_flags().split()))
+
+
 def _version(name: str) -> str | None:
     module = sys.modules.get(name)
     return getattr(module, "__version__", None) if module is not None else None

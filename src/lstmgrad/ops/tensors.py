@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..core.errors import LstmInvalidArgumentError
-from ..core.machine import torch_threads
+from ..core.machine import native_bfloat16, torch_threads
 from ..fused.gemm import NUMPY_GEMM, FixedGemm, dense, loop_product, prepared, transposed_product
 from ..fused.kernels import gemm_scratch, library_matmul
 
@@ -376,6 +376,128 @@ class TorchGemm:
             return False
         self._torch.from_numpy(dst).copy_(self._torch.from_numpy(src))
         return True
+
+
+_BF16_GEMM: list[Any] = []  # MKL's gemm_bf16bf16f32 (the probe's)
+
+
+@_once
+def _probe_bf16_gemm(torch: Any) -> bool:
+    """Whether the CPU has bfloat16 units and torch's own library exports MKL's
+    ``GEMM_BF16BF16F32`` (bfloat16 operands, float32 accumulation and result), computing small
+    products exactly where they are exact (small integers), with either operand transposed;
+    checked once a process."""
+    if not (native_bfloat16() and torch.backends.mkl.is_available()):
+        return False
+    path = sorted(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.*")))
+    fn = getattr(ctypes.CDLL(path[0]), "GEMM_BF16BF16F32", None)
+    if fn is None:
+        return False
+    fn.restype = None
+    _BF16_GEMM.append(fn)
+    a = np.arange(-9, 15, dtype=np.float32).reshape(6, 4)
+    b = np.arange(-6, 9, dtype=np.float32).reshape(3, 5)
+    for x, y in ((a[1:4, :3], b), (a[:3, :3].T, b), (a[1:4, :3], b.T.copy().T)):
+        out = np.full((3, 5), np.nan, np.float32)
+        _bf16_mm(torch, x, y, out)
+        if not np.array_equal(out, x @ y):
+            _BF16_GEMM.clear()
+            return False
+    return True
+
+
+def _blas_layout(t: Any) -> tuple[Any, bytes, int]:
+    """A 2-D tensor as a column-major BLAS operand of its transpose: (tensor, b"N" with the
+    row stride for row-major memory, b"T" with the column stride for column-major memory); a
+    row-major copy where it is neither."""
+    rows, cols = t.shape
+    if t.stride(1) == 1 and t.stride(0) >= max(cols, 1):
+        return t, b"N", t.stride(0)
+    if t.stride(0) == 1 and t.stride(1) >= max(rows, 1):
+        return t, b"T", t.stride(1)
+    return t.contiguous(), b"N", max(cols, 1)
+
+
+def _bf16_mm(torch: Any, a: Any, b: Any, out: np.ndarray) -> None:
+    """out (float32, [m, n], rows dense) = a @ b with a and b rounded to bfloat16 (NumPy float32
+    arrays or bfloat16 tensors), accumulated in float32 by MKL's gemm_bf16bf16f32."""
+    ta = a if isinstance(a, torch.Tensor) else torch.from_numpy(a).bfloat16()
+    tb = b if isinstance(b, torch.Tensor) else torch.from_numpy(b).bfloat16()
+    m, k = ta.shape
+    n = tb.shape[1]
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        out[...] = 0.0
+        return
+    ta, op_a, lda = _blas_layout(ta)
+    tb, op_b, ldb = _blas_layout(tb)
+    i32, f32 = ctypes.c_int, ctypes.c_float
+    # row-major out = a @ b is column-major out^T = b^T a^T
+    _BF16_GEMM[0](op_b, op_a, ctypes.byref(i32(n)), ctypes.byref(i32(m)), ctypes.byref(i32(k)),
+                  ctypes.byref(f32(1.0)), ctypes.c_void_p(tb.data_ptr()), ctypes.byref(i32(ldb)),
+                  ctypes.c_void_p(ta.data_ptr()), ctypes.byref(i32(lda)), ctypes.byref(f32(0.0)),
+                  ctypes.c_void_p(out.ctypes.data), ctypes.byref(i32(out.strides[0] // 4)))  # fmt: skip
+
+
+class TorchBf16Gemm(TorchGemm):
+    """torch's back end with bfloat16 products, for float32 computation of bfloat16 data:
+    every GEMM rounds its operands to bfloat16 (to nearest even) and accumulates in float32
+    (MKL's gemm_bf16bf16f32 on the CPU's bfloat16 units), as torch's own bfloat16 products do;
+    everything else stays float32. One method per product ("blas"); no product inside the
+    one-call step loops (their Numba loop would multiply in float32), so every plan multiplies
+    alike."""
+
+    kind = "torch-bf16"
+
+    def product_methods(self, dtype: np.dtype) -> tuple[str, ...]:
+        return ("blas",)
+
+    def fixed_methods(self, dtype: np.dtype) -> tuple[str, ...]:
+        return ("blas",)
+
+    def product(self, a: np.ndarray, b: np.ndarray, scratch: np.ndarray, method: str, /) -> Any:
+        out = (
+            scratch
+            if scratch.strides[-1] == scratch.itemsize
+            else np.empty(scratch.shape, np.float32)
+        )
+        _bf16_mm(self._torch, a, b, out)
+        return out
+
+    def fixed(self, b: np.ndarray, method: str, rows: int, threads: int = 1) -> FixedGemm:
+        tb = self._torch.from_numpy(b).bfloat16()  # rounded once for every step
+
+        def product(a: np.ndarray, out: np.ndarray) -> np.ndarray:
+            _bf16_mm(self._torch, a, tb, out)
+            return out
+
+        return product
+
+    def nt(self, at: np.ndarray, b: np.ndarray, method: str, /) -> np.ndarray:
+        out = np.empty((at.shape[0], b.shape[1]), np.float32)
+        _bf16_mm(self._torch, at, b, out)
+        return out
+
+    def walk_gemm(self, dtype: np.dtype) -> int:
+        return 0
+
+    walks = False  # feasible(): no one-call step loops
+
+
+def bf16_gemm() -> TorchGemm:
+    """The back end of bfloat16 products (:class:`TorchBf16Gemm`) where the CPU has bfloat16
+    units and torch's MKL the GEMM; else torch's float32 back end (:func:`torch_gemm`): without
+    the units, bfloat16 products are emulated, slower than float32's."""
+    torch = _torch()
+    if torch is None or not _probe_bf16_gemm(torch):
+        return torch_gemm()
+    if not _bf16_gemms:
+        _bf16_gemms.append(TorchBf16Gemm())
+    return _bf16_gemms[0]
+
+
+_bf16_gemms: list[TorchBf16Gemm] = []
 
 
 def array_gemm() -> Any:

@@ -29,8 +29,9 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
         return min(n, openmp.parallel_threads(), gemm.threads()) if n > 1 else 1
 
     threads = allowed(plan.threads)
-    pairs = plan.pair_walks and dims.D == 2 and cd == np.dtype(dtype) and threads >= 2
-    walk = plan.walk and not pairs
+    walks = getattr(gemm, "walks", True)  # a back end whose products the loops cannot run
+    pairs = walks and plan.pair_walks and dims.D == 2 and cd == np.dtype(dtype) and threads >= 2
+    walk = walks and plan.walk and not pairs
     walk_rows = 1
     if pairs or walk:  # a thread per part: per direction of a pair, per block of rows
         dirs = 2 if pairs else 1
@@ -46,7 +47,7 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
         walk=walk,
         walk_product=plan.walk_product if gemm.walk_gemm(cd) else "loop",
         walk_rows=walk_rows,
-        fwd_walk=plan.fwd_walk,
+        fwd_walk=plan.fwd_walk and walks,
         transpose_threads=allowed(plan.transpose_threads),
         convert=plan.convert if plan.convert in CONVERSIONS else "kernels",
     )

@@ -107,10 +107,12 @@ class LSTM(torch.nn.LSTM):
 
     - ``proj_size > 0`` (LSTM with projections, outside the operator's contract) runs
       torch.nn.LSTM's own forward: the same results as torch, at torch's speed.
-    - bfloat16 runs lstmgrad in float32: the bfloat16 input, state and weights are widened
-      (exactly), output, h_n and c_n are rounded to bfloat16, and so are the gradients of the
-      input, state and weights; the saved activations and the values passed from layer to
-      layer stay in float32 (docs/contract.md, "PyTorch drop-in").
+    - bfloat16 runs lstmgrad in float32 with bfloat16 products: the bfloat16 input, state and
+      weights are widened (exactly); every GEMM rounds its operands to bfloat16 and accumulates
+      in float32 on the CPU's bfloat16 units (where it has them; float32 products elsewhere);
+      output, h_n and c_n are rounded to bfloat16, and so are the gradients of the input, state
+      and weights; the saved activations and the values passed from layer to layer stay in
+      float32 (docs/contract.md, "PyTorch drop-in").
     - Under ``torch.autocast("cpu")`` a Tensor input (not a PackedSequence) is cast with its
       state and float32 weights to the autocast dtype and run in it, as torch does for its LSTM
       (float16 included, where torch's own CPU LSTM fails); a PackedSequence is not cast, as
@@ -212,6 +214,7 @@ class LSTM(torch.nn.LSTM):
             batch_first=self.batch_first and batch_sizes is None,
             recompute=self.recompute,
             max_saved_bytes=self.max_saved_bytes,
+            products="bfloat16" if wide else "float32",
         )
         if torch.is_autocast_enabled("cpu"):
             with torch.autocast("cpu", enabled=False):  # the engine's own GEMMs stay as they are

@@ -181,8 +181,12 @@ def second_order(
 
 def _backward_setup(ctx: Any, inputs: Any, output: Any) -> None:
     input, params, h0, c0, dy, dh, dc, _saved, batch_sizes, masks, *rest = inputs
-    *flags, output_mask = rest
+    flags, output_mask = rest[:_FORWARD_FLAGS], rest[_FORWARD_FLAGS]  # then products, if given
     ctx.flags = flags
+    # no gradient for saved, batch_sizes, masks and the flags; torch's wrapper leaves out an
+    # argument equal to its default (products="float32") from the inputs it compares against
+    given = [a for a in rest[_FORWARD_FLAGS + 1 :] if a != "float32"]
+    ctx.n_after = 3 + _FORWARD_FLAGS + 1 + len(given)
     ctx.output_mask = list(output_mask)
     ctx.save_for_backward(input, h0, c0, dy, dh, dc, batch_sizes, masks, *params)
 
@@ -197,7 +201,7 @@ def _double_backward(
     grads = (gx, gh, gc, *(gparams or [None] * len(params)))
     saved = (input, h0, c0, dy, dh, dc, batch_sizes, masks)
     result = second_order(saved, params, ctx.flags, ctx.output_mask, grads, needs)
-    return (*result, *(None,) * (3 + _FORWARD_FLAGS + 1))
+    return (*result, *(None,) * ctx.n_after)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -485,7 +489,8 @@ def _backward_vmap(info: Any, in_dims: Any, *args: Any) -> Any:
     op = torch.ops.lstmgrad.lstm_backward.default
     input, params, h0, c0, dy, dh, dc, saved, batch_sizes, masks, *rest = args
     xd, pd, hd, cd, dyd, dhd, dcd, sd, bd, md, *_ = in_dims
-    *flags, output_mask = rest
+    flags, output_mask = rest[:_FORWARD_FLAGS], rest[_FORWARD_FLAGS]
+    products = rest[_FORWARD_FLAGS + 1] if len(rest) > _FORWARD_FLAGS + 1 else "float32"
     n = info.batch_size
     # the weight gradient sums over the batch: folding would mix the vmapped samples
     if output_mask[3] or not (_shared(pd) and bd is None):
@@ -507,7 +512,7 @@ def _backward_vmap(info: Any, in_dims: Any, *args: Any) -> Any:
     m = None if masks is None else _fold(masks, md, n, 2)
     dx, dh0, dc0, dps = op(
         rows(input, xd), params, state(h0, hd), state(c0, cd), rows(dy, dyd), state(dh, dhd),
-        state(dc, dcd), _fold(saved, sd, n, 3), bs, m, *flags, output_mask,
+        state(dc, dcd), _fold(saved, sd, n, 3), bs, m, *flags, output_mask, products,
     )  # fmt: skip
     dx_dim, dh_dim, dc_dim = _empty_or(dx, 0), _empty_or(dh0, 0), _empty_or(dc0, 0)
     if dx_dim is not None:

@@ -10,18 +10,20 @@ Schemas (legend of :func:`lstmgrad.lstm_backward`; K = L*D)::
 
     lstmgrad::lstm_forward(Tensor input, Tensor[] params, Tensor h0, Tensor c0,
         Tensor? batch_sizes, Tensor? dropout_masks, bool has_bias, int num_layers,
-        float dropout, bool train, bool bidirectional, bool batch_first)
+        float dropout, bool train, bool bidirectional, bool batch_first,
+        str products="float32")
         -> (Tensor output, Tensor hy, Tensor cy, Tensor saved)
     lstmgrad::lstm_backward(Tensor input, Tensor[] params, Tensor h0, Tensor c0, Tensor? dy,
         Tensor? dh, Tensor? dc, Tensor saved, Tensor? batch_sizes, Tensor? dropout_masks,
         bool has_bias, int num_layers, float dropout, bool train, bool bidirectional,
-        bool batch_first, bool[] output_mask)
+        bool batch_first, bool[] output_mask, str products="float32")
         -> (Tensor dx, Tensor dh_prev, Tensor dc_prev, Tensor[] dparams)
 
 ``saved`` is the seven saved lists stacked, [7, K, T, B, H] in the order i, g, f, o, h, c,
 tanhc (shape [0] when train is False: nothing saved); ``dropout_masks`` the L-1 masks stacked,
 [L-1, T, B, D*H]. An output switched off by ``output_mask`` is an empty tensor (shape [0], and
-an empty list for dparams).
+an empty list for dparams). ``products``: "float32", or "bfloat16" (operands of every GEMM
+rounded to bfloat16, float32 accumulation; :func:`lstm`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from torch import Tensor
 from ..core.contract import check_backward, check_forward
 from ..ops import recompute as _recompute
 from ..ops.api import run_backward, run_forward
-from ..ops.tensors import to_numpy, torch_gemm
+from ..ops.tensors import bf16_gemm, to_numpy, torch_gemm
 from . import torch_grad
 
 __all__ = ["lstm", "lstm_forward", "lstm_backward"]
@@ -92,11 +94,12 @@ def lstm_forward(
     train: bool,
     bidirectional: bool,
     batch_first: bool,
+    products: str = "float32",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The forward (aclnnLSTM) as a custom op; see the module docstring for the schema."""
     return _forward_impl(
         input, params, h0, c0, batch_sizes, dropout_masks, has_bias, num_layers, dropout, train,
-        bidirectional, batch_first,
+        bidirectional, batch_first, products,
     )  # fmt: skip
 
 
@@ -113,6 +116,7 @@ def _forward_impl(
     train: bool,
     bidirectional: bool,
     batch_first: bool,
+    products: str = "float32",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The body of ``lstmgrad::lstm_forward`` (also run directly by the eager path)."""
     fn = "lstmgrad::lstm_forward"
@@ -125,7 +129,8 @@ def _forward_impl(
     d, into = call.dims, None
     if train and d.T * d.B * d.H * input.element_size() <= _SAVED_INTO_MAX_BYTES:
         into = torch.empty((_GATHERED, d.K, d.T, d.B, d.H), dtype=input.dtype)
-    res = run_forward(call, None, "fused", torch_gemm(), None if into is None else into.numpy())
+    gemm = _products_gemm(fn, products)
+    res = run_forward(call, None, "fused", gemm, None if into is None else into.numpy())
     if res.saved is None:
         saved = torch.empty(0, dtype=input.dtype)
     elif into is not None:
@@ -207,11 +212,12 @@ def lstm_backward(
     bidirectional: bool,
     batch_first: bool,
     output_mask: list[bool],
+    products: str = "float32",
 ) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
     """The backward (aclnnLstmBackward) as a custom op; see the module docstring for the schema."""
     return _backward_impl(
         input, params, h0, c0, dy, dh, dc, saved, batch_sizes, dropout_masks, has_bias,
-        num_layers, dropout, train, bidirectional, batch_first, output_mask,
+        num_layers, dropout, train, bidirectional, batch_first, output_mask, products,
     )  # fmt: skip
 
 
@@ -233,6 +239,7 @@ def _backward_impl(
     bidirectional: bool,
     batch_first: bool,
     output_mask: Sequence[bool],
+    products: str = "float32",
 ) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
     """The body of ``lstmgrad::lstm_backward`` (also run directly by the eager path)."""
     fn = "lstmgrad::lstm_backward"
@@ -251,7 +258,7 @@ def _backward_impl(
         has_bias, num_layers, dropout, train, bidirectional, batch_first, list(output_mask),
         _unstacked(to_numpy(fn, "dropout_masks", dropout_masks)),
     )  # fmt: skip
-    dx, dh_prev, dc_prev, dparams = run_backward(call, None, "fused", torch_gemm())
+    dx, dh_prev, dc_prev, dparams = run_backward(call, None, "fused", _products_gemm(fn, products))
 
     def out(a: np.ndarray | None) -> Tensor:
         return torch.empty(0, dtype=input.dtype) if a is None else torch.from_numpy(a)
@@ -276,12 +283,28 @@ def _(
 # ---------------------------------------------------------------------------------------------
 # autograd of lstmgrad::lstm_forward
 
-_FLAGS = ("has_bias", "num_layers", "dropout", "train", "bidirectional", "batch_first")
+_FLAGS = ("has_bias", "num_layers", "dropout", "train", "bidirectional", "batch_first", "products")
+
+
+def _products_gemm(fn: str, products: str) -> Any:
+    """The GEMM back end of ``products``: "float32" (torch's libraries in float32) or
+    "bfloat16" (operands rounded to bfloat16, float32 accumulation, where the CPU has
+    bfloat16 units; float32 elsewhere: :func:`lstmgrad.ops.tensors.bf16_gemm`)."""
+    if products == "float32":
+        return torch_gemm()
+    if products == "bfloat16":
+        return bf16_gemm()
+    raise LstmInvalidArgumentError(
+        f"{fn}: products must be 'float32' or 'bfloat16', got {products!r}", "products"
+    )
 
 
 def _forward_setup(ctx: Any, inputs: Any, output: Any) -> None:
     input, params, h0, c0, batch_sizes, dropout_masks, *flags = inputs
-    ctx.flags = dict(zip(_FLAGS, flags, strict=True))
+    ctx.flags = dict(zip(_FLAGS, (*flags, "float32")[: len(_FLAGS)], strict=True))
+    # torch's wrapper leaves an argument equal to its default (products) out of the inputs
+    # it checks the returned gradients against
+    ctx.n_inputs = 6 + len(_FLAGS) - (ctx.flags["products"] == "float32")
     ctx.n_params = len(params)
     ctx.mark_non_differentiable(output[3])
     # unused outputs arrive as None instead of zero tensors (``saved`` alone is the size of
@@ -297,7 +320,7 @@ def _forward_backward(
     need_x, need_w, need_h0, need_c0 = ctx.needs_input_grad[:4]
     mask = [bool(need_x), bool(need_h0), bool(need_c0), bool(need_w)]
     if not any(mask):
-        return (None,) * (6 + len(_FLAGS))
+        return (None,) * ctx.n_inputs
     dx, dh_prev, dc_prev, dparams = _gradients(
         input, params, h0, c0, dy, dh, dc, saved, batch_sizes, dropout_masks,
         tuple(ctx.flags.values()), mask, eager=False,
@@ -307,9 +330,7 @@ def _forward_backward(
         list(dparams) if need_w else None,
         dh_prev if need_h0 else None,
         dc_prev if need_c0 else None,
-        None,
-        None,
-        *(None for _ in _FLAGS),
+        *(None,) * (ctx.n_inputs - 4),
     )
 
 
@@ -330,9 +351,10 @@ def _gradients(
     differentiable (create_graph) and batched (is_grads_batched), or, for ``eager`` calls
     needing neither, its body directly."""
     _require_train(flags)
-    args = (input, params, h0, c0, dy, dh, dc, saved, batch_sizes, dropout_masks, *flags, mask)
+    args = (input, params, h0, c0, dy, dh, dc, saved, batch_sizes, dropout_masks, *flags[:6], mask,
+            *flags[6:])  # fmt: skip
     if torch_grad.is_legacy_batched(dy, dh, dc):
-        flat_args = (args[0], torch_grad.flatten_params(params), *args[2:])
+        flat_args = (args[0], torch_grad.flatten_params(params), *args[2:17])  # float32 products
         dx, dh_prev, dc_prev, flat = torch.ops.lstmgrad.lstm_backward_flat(*flat_args)
         shapes = [p.shape for p in params]
         dparams = torch_grad.unflatten_params(flat, shapes) if mask[3] else []
@@ -429,6 +451,7 @@ def lstm(
     batch_first: bool = False,
     recompute: bool | int | str = False,
     max_saved_bytes: int | None = None,
+    products: str = "float32",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Differentiable LSTM over the custom ops: ``(output, h_n, c_n)``.
 
@@ -450,6 +473,12 @@ def lstm(
     with ``max_saved_bytes`` the longest k whose checkpoints plus one segment's recomputation
     fit in that many bytes; an int: k itself. Not traced by torch.compile (a plain
     autograd.Function).
+
+    ``products="bfloat16"`` (float32 tensors holding bfloat16 data; what :class:`lstmgrad.nn.LSTM`
+    passes for bfloat16): every GEMM rounds its operands to bfloat16 and accumulates in float32
+    on the CPU's bfloat16 units, as torch's bfloat16 products do; the rest computes in float32
+    (docs/contract.md, "bfloat16"). Where the CPU has no bfloat16 units, and in the recompute
+    mode, under torch.func transforms and forward-mode AD, the products stay float32.
 
     Example:
         >>> import torch
@@ -497,14 +526,17 @@ def lstm(
     route = _route(input, params, h0, c0)
     if route == "function":
         p = dropout if applies else 0.0
-        flags = (has_bias, num_layers, p, save, bidirectional, batch_first)
-        return torch_grad.lstm_function(input, params, h0, c0, batch_sizes, masks, flags)
+        return torch_grad.lstm_function(
+            input, params, h0, c0, batch_sizes, masks,
+            (has_bias, num_layers, p, save, bidirectional, batch_first),
+        )  # fmt: skip
     if route == "torch":
         return torch_grad.torch_lstm(
             input, params, h0, c0, batch_sizes, masks, has_bias, num_layers, bidirectional,
             batch_first,
         )  # fmt: skip
-    flags = (has_bias, num_layers, dropout if applies else 0.0, save, bidirectional, batch_first)
+    flags = (has_bias, num_layers, dropout if applies else 0.0, save, bidirectional, batch_first,
+             products)  # fmt: skip
     if route == "eager" and not needs_grad:  # no graph to record: the body alone
         output, h_n, c_n, _ = _forward_impl(input, params, h0, c0, batch_sizes, masks, *flags)
         return output, h_n, c_n
