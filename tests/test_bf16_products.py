@@ -140,3 +140,40 @@ def test_products_must_be_named():
         match="products must be 'float32' or 'bfloat16', got 'fp8'",
     ):
         lstm(x, params, products="fp8")
+
+
+PLANS = {
+    "per-step": dict(walk=False, pair_walks=False, fwd_walk=False),
+    "walk": dict(walk=True, pair_walks=False, walk_product="library"),
+    "walk-rows": dict(walk=True, pair_walks=False, walk_product="library", walk_rows=2, threads=2),
+    "pair-walks": dict(pair_walks=True, threads=2, walk_product="library"),
+    "loop-asked": dict(walk=True, pair_walks=False, walk_product="loop"),
+}
+
+
+@pytest.mark.parametrize("plan", list(PLANS))
+def test_every_plan_multiplies_in_bfloat16(plan):
+    """The one-call step loops call the same bfloat16 GEMM as the per-step products (their row
+    operand rounded in the loop), a plan asking for the Numba loop gets the GEMM too: every
+    plan's results are the per-step plan's, to float32 rounding, and far from float32
+    products'."""
+    from lstmgrad.planning.plan import forced
+
+    torch.manual_seed(3)
+    m = torch.nn.LSTM(16, 24, num_layers=2, bidirectional=True)
+    params = [r(p.detach()).requires_grad_() for p in m._flat_weights]
+    x = r(torch.randn(9, 6, 16)).requires_grad_()
+
+    def run(products, **fields):
+        with forced(**fields):
+            y, h, c = lstm(x, params, num_layers=2, bidirectional=True, products=products)
+            grads = torch.autograd.grad((y.square().sum() + h.sum() + c.sum()), [x, *params])
+        return [y.detach(), *grads]
+
+    base = run("bfloat16", **PLANS["per-step"])
+    got = run("bfloat16", **PLANS[plan])
+    f32 = run("float32", **PLANS["per-step"])
+    for a, b, c in zip(got, base, f32, strict=True):
+        diff = float((a - b).norm() / b.norm())
+        assert diff < 1e-5, (plan, diff)
+        assert float((c - b).norm() / b.norm()) > 10 * diff + 1e-5

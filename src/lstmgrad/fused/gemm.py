@@ -47,6 +47,8 @@ class Gemm(Protocol):
     of the library's own Fortran-convention GEMM for that compute dtype (sgemm_, dgemm_), which
     the engine's one-call step loops (fused.walks) call on their own thread for the recurrent
     product; 0 where there is none to call (the loops then multiply in Numba).
+    ``walk_operand(b)``: the fixed operand b as that GEMM reads it (b itself; bfloat16 bits for
+    a back end whose GEMM takes bfloat16).
     """
 
     kind: str
@@ -66,6 +68,8 @@ class Gemm(Protocol):
     def convert(self, dst: np.ndarray, src: np.ndarray, /) -> bool: ...
 
     def walk_gemm(self, dtype: np.dtype) -> int: ...
+
+    def walk_operand(self, b: np.ndarray, /) -> np.ndarray: ...
 
 
 _prepared: contextvars.ContextVar[tuple[list[np.ndarray], dict] | None] = contextvars.ContextVar(
@@ -210,6 +214,9 @@ class NumpyGemm:
 
     def walk_gemm(self, dtype: np.dtype) -> int:
         return 0  # NumPy's BLAS starts threads of its own, which a walk's thread must not
+
+    def walk_operand(self, b: np.ndarray, /) -> np.ndarray:
+        return b
 
 
 NUMPY_GEMM = NumpyGemm()

@@ -194,12 +194,33 @@ def library_matmul(fn, a, b, out, ints, alpha_beta):  # pragma: no cover
 
 
 @_jit
+def bfloat16_bits(a):  # pragma: no cover
+    """float32 [m, k] rounded to bfloat16 (to nearest even; a NaN stays a quiet NaN of the same
+    sign), as the uint16 bit patterns of a new C-contiguous [m, k] array."""
+    m, k = a.shape
+    bits = np.ascontiguousarray(a).reshape(-1).view(np.uint32)
+    out = np.empty(m * k, np.uint16)
+    for i in range(m * k):
+        u = bits[i]
+        if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+            out[i] = np.uint16((u >> np.uint32(16)) | np.uint32(0x40))
+        else:
+            rounding = np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))
+            out[i] = np.uint16((u + rounding) >> np.uint32(16))
+    return out.reshape(m, k)
+
+
+@_jit
 def walk_product(fn, a, b, out, ints, alpha_beta):  # pragma: no cover
     """out = a @ b for the walks' recurrent products: by the library GEMM at ``fn``
     (:func:`library_matmul`, its scratch from :func:`gemm_scratch`) where it is not 0, else
-    :func:`matmul_into`."""
+    :func:`matmul_into`. A b of bfloat16 bits (uint16: the bfloat16 back end's operand, its
+    GEMM at ``fn``) gets a rounded to bfloat16 too."""
     if fn != 0:
-        library_matmul(fn, a, b, out, ints, alpha_beta)
+        if b.itemsize == 2:
+            library_matmul(fn, bfloat16_bits(a), b, out, ints, alpha_beta)
+        else:
+            library_matmul(fn, a, b, out, ints, alpha_beta)
     else:
         matmul_into(a, b, out)
 

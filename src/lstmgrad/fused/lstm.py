@@ -368,6 +368,7 @@ class _ForwardRun:
             fn = _walk_gemm(plan, self.gemm, cd)
             # [H, 4H]: the library reads W_hh transposed in place; the Numba loop needs a copy
             w_t = w_hh.T if fn and w_hh.flags.c_contiguous else kernels.transposed(w_hh)
+            w_t = self.gemm.walk_operand(w_t) if fn else w_t
             walk = walks.ForwardWalk._make((gx, w_t, bias, h, c, gh, st.orders[d], *acts,
                                             y_d))  # fmt: skip
             if plan.pair_walks:
@@ -462,9 +463,9 @@ def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.
     t_steps, hidden = call.dims.T, call.dims.H
     gate_acts = dr.gate_acts
     if plan.walk:  # the whole step loop in one Numba call
-        walk = _backward_walk(call, dr, w_hh, st)
-        flags = (call.need[1], st.dense, dr.with_db)
         fn = _walk_gemm(plan, gemm, dr.dg.dtype)
+        walk = _backward_walk(call, dr, gemm.walk_operand(w_hh) if fn else w_hh, st)
+        flags = (call.need[1], st.dense, dr.with_db)
         if plan.walk_rows > 1:  # blocks of rows on threads of their own
             walks.backward_walk_parts(walk, walk, _parts(plan, st, call.dims.B), has_dy, st.ns,
                                       st.offsets, flags, fn)  # fmt: skip
@@ -683,7 +684,8 @@ class _BackwardRun:
                 _gather(call, st, dr.k, dr.acts, rows.hp, rows.hp_col, dr.cp, with_h=False)
             _initial_grads(call, dr)
             w_hh = _c(call.params[call.dims.index(layer, dr.k % 2, W_HH)], cd, self.cv)
-            pair.append(_backward_walk(call, dr, w_hh, st))
+            fn = _walk_gemm(self.plan, self.gemm, cd)
+            pair.append(_backward_walk(call, dr, self.gemm.walk_operand(w_hh) if fn else w_hh, st))
         flags = (call.need[1], st.dense, self.with_db)
         fn = _walk_gemm(self.plan, self.gemm, cd)
         parts = _parts(self.plan, st, call.dims.B)

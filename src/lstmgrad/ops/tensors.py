@@ -368,6 +368,9 @@ class TorchGemm:
     def walk_gemm(self, dtype: np.dtype) -> int:
         return _WALK_GEMMS.get(np.dtype(dtype), 0) if self._walk_gemm else 0
 
+    def walk_operand(self, b: np.ndarray, /) -> np.ndarray:
+        return b
+
     def convert(self, dst: np.ndarray, src: np.ndarray, /) -> bool:
         # torch's copy (vectorised, on its threads), where it rounds as the kernels do; NumPy
         # views torch cannot wrap (read-only, negative strides) go to the kernels
@@ -444,9 +447,9 @@ class TorchBf16Gemm(TorchGemm):
     """torch's back end with bfloat16 products, for float32 computation of bfloat16 data:
     every GEMM rounds its operands to bfloat16 (to nearest even) and accumulates in float32
     (MKL's gemm_bf16bf16f32 on the CPU's bfloat16 units), as torch's own bfloat16 products do;
-    everything else stays float32. One method per product ("blas"); no product inside the
-    one-call step loops (their Numba loop would multiply in float32), so every plan multiplies
-    alike."""
+    everything else stays float32. One method per product ("blas"); the one-call step loops
+    call the same GEMM (never their Numba loop, which would multiply in float32), so every plan
+    multiplies alike."""
 
     kind = "torch-bf16"
 
@@ -480,9 +483,16 @@ class TorchBf16Gemm(TorchGemm):
         return out
 
     def walk_gemm(self, dtype: np.dtype) -> int:
-        return 0
+        # the one-call step loops call MKL's bfloat16 GEMM, rounding their row operand
+        # (fused.kernels.walk_product), never the Numba loop (float32 products)
+        return ctypes.cast(_BF16_GEMM[0], ctypes.c_void_p).value or 0
 
-    walks = False  # feasible(): no one-call step loops
+    def walk_operand(self, b: np.ndarray, /) -> np.ndarray:
+        # the fixed operand as bfloat16 bits, in b's layout (a transposed view stays one)
+        t = self._torch.from_numpy(b).bfloat16()
+        return t.view(self._torch.int16).numpy().view(np.uint16)
+
+    loops = False  # feasible(): no Numba-loop products (they multiply in float32)
 
 
 def bf16_gemm() -> TorchGemm:

@@ -29,9 +29,10 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
         return min(n, openmp.parallel_threads(), gemm.threads()) if n > 1 else 1
 
     threads = allowed(plan.threads)
-    walks = getattr(gemm, "walks", True)  # a back end whose products the loops cannot run
-    pairs = walks and plan.pair_walks and dims.D == 2 and cd == np.dtype(dtype) and threads >= 2
-    walk = walks and plan.walk and not pairs
+    pairs = plan.pair_walks and dims.D == 2 and cd == np.dtype(dtype) and threads >= 2
+    walk = plan.walk and not pairs
+    # a back end whose products the Numba loop does not compute alike: its own GEMM always
+    loops = getattr(gemm, "loops", True)
     walk_rows = 1
     if pairs or walk:  # a thread per part: per direction of a pair, per block of rows
         dirs = 2 if pairs else 1
@@ -45,9 +46,9 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
         split_min=max(0, plan.split_min),
         pair_walks=pairs,
         walk=walk,
-        walk_product=plan.walk_product if gemm.walk_gemm(cd) else "loop",
+        walk_product=(plan.walk_product if loops else "library") if gemm.walk_gemm(cd) else "loop",
         walk_rows=walk_rows,
-        fwd_walk=plan.fwd_walk and walks,
+        fwd_walk=plan.fwd_walk,
         transpose_threads=allowed(plan.transpose_threads),
         convert=plan.convert if plan.convert in CONVERSIONS else "kernels",
     )

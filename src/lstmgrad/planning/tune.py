@@ -340,8 +340,10 @@ def _walk_product_times(gemm: Any, w_hh: np.ndarray, rows: int, cd: np.dtype) ->
         if name != "loop" and not fn:
             continue
 
-        def run(reps: int, fn: int = fn) -> None:
-            walk_products(fn, a_fwd, w_t, out_fwd, a_bwd, w, out_bwd, reps)
+        bt, b = (gemm.walk_operand(w_t), gemm.walk_operand(w)) if fn else (w_t, w)
+
+        def run(reps: int, fn: int = fn, bt: np.ndarray = bt, b: np.ndarray = b) -> None:
+            walk_products(fn, a_fwd, bt, out_fwd, a_bwd, b, out_bwd, reps)
 
         one = _timed(functools.partial(run, 1), 1)  # compiles (warm-up), then one pair
         reps = max(1, min(1000, int(1e-3 / max(one, 1e-9))))  # about a millisecond a run
