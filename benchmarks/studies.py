@@ -288,7 +288,14 @@ def scaling(args: argparse.Namespace) -> dict:
 # --------------------------------------------------------------------------------------------
 # lowp: lstmgrad.nn.LSTM vs torch.nn.LSTM in bfloat16, float16, autocast, proj_size > 0
 
-LOWP_SHAPES = {"med-3": (100, 32, 256, 256, 1, False), "small": (20, 8, 32, 32, 2, True)}
+LOWP_SHAPES = {  # T, B, I, H, layers, bidirectional
+    "med-3": (100, 32, 256, 256, 1, False),
+    "small": (20, 8, 32, 32, 2, True),
+    "med-1": (25, 16, 512, 512, 1, False),
+    "large-1": (50, 16, 1024, 1024, 1, False),
+    "small-2": (200, 8, 128, 128, 1, True),
+    "word-lm": (35, 20, 200, 200, 2, False),
+}
 
 
 def _lowp_pair(shape: str, mode: str) -> dict[str, Item]:
