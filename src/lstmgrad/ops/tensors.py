@@ -485,6 +485,8 @@ class TorchBf16Gemm(TorchGemm):
     def walk_gemm(self, dtype: np.dtype) -> int:
         # the one-call step loops call MKL's bfloat16 GEMM, rounding their row operand
         # (fused.kernels.walk_product), never the Numba loop (float32 products)
+        if np.dtype(dtype) != np.float32:
+            return 0
         return ctypes.cast(_BF16_GEMM[0], ctypes.c_void_p).value or 0
 
     def walk_operand(self, b: np.ndarray, /) -> np.ndarray:

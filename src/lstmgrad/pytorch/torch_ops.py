@@ -129,7 +129,7 @@ def _forward_impl(
     d, into = call.dims, None
     if train and d.T * d.B * d.H * input.element_size() <= _SAVED_INTO_MAX_BYTES:
         into = torch.empty((_GATHERED, d.K, d.T, d.B, d.H), dtype=input.dtype)
-    gemm = _products_gemm(fn, products)
+    gemm = _products_gemm(fn, products, input.dtype)
     res = run_forward(call, None, "fused", gemm, None if into is None else into.numpy())
     if res.saved is None:
         saved = torch.empty(0, dtype=input.dtype)
@@ -258,7 +258,9 @@ def _backward_impl(
         has_bias, num_layers, dropout, train, bidirectional, batch_first, list(output_mask),
         _unstacked(to_numpy(fn, "dropout_masks", dropout_masks)),
     )  # fmt: skip
-    dx, dh_prev, dc_prev, dparams = run_backward(call, None, "fused", _products_gemm(fn, products))
+    dx, dh_prev, dc_prev, dparams = run_backward(
+        call, None, "fused", _products_gemm(fn, products, input.dtype)
+    )
 
     def out(a: np.ndarray | None) -> Tensor:
         return torch.empty(0, dtype=input.dtype) if a is None else torch.from_numpy(a)
@@ -286,13 +288,20 @@ def _(
 _FLAGS = ("has_bias", "num_layers", "dropout", "train", "bidirectional", "batch_first", "products")
 
 
-def _products_gemm(fn: str, products: str) -> Any:
+def _products_gemm(fn: str, products: str, dtype: torch.dtype) -> Any:
     """The GEMM back end of ``products``: "float32" (torch's libraries in float32) or
     "bfloat16" (operands rounded to bfloat16, float32 accumulation, where the CPU has
-    bfloat16 units; float32 elsewhere: :func:`lstmgrad.ops.tensors.bf16_gemm`)."""
+    bfloat16 units; float32 elsewhere: :func:`lstmgrad.ops.tensors.bf16_gemm`), which takes
+    float32 tensors only (what bfloat16 data is widened to)."""
     if products == "float32":
         return torch_gemm()
     if products == "bfloat16":
+        if dtype != torch.float32:
+            raise LstmInvalidArgumentError(
+                f"{fn}: products='bfloat16' takes float32 tensors (bfloat16 data widened), "
+                f"got input of dtype {dtype}",
+                "products",
+            )
         return bf16_gemm()
     raise LstmInvalidArgumentError(
         f"{fn}: products must be 'float32' or 'bfloat16', got {products!r}", "products"
