@@ -140,7 +140,9 @@ def test_products_must_be_named():
         match="products must be 'float32' or 'bfloat16', got 'fp8'",
     ):
         lstm(x, params, products="fp8")
-    with pytest.raises(lstmgrad.LstmInvalidArgumentError, match="takes float32 tensors.*torch.float64"):
+    with pytest.raises(
+        lstmgrad.LstmInvalidArgumentError, match="takes float32 tensors.*torch.float64"
+    ):
         lstm(x.double(), [p.double() for p in params], products="bfloat16")
 
 
