@@ -7,7 +7,7 @@ least 5% (the bar a field must clear to stay in the plan).
 
 Wins are ratios of the tuner's own timings (safe choice / this value, > 1: this value faster):
 - big=onednn: the projection and dx products' seconds against blas's;
-- weight_grad=L: the weight gradient in layout L against "rows" (same method);
+- weight_grad=L: the weight gradient in layout L against the safe plan's ("rows2"; same method);
 - transpose_threads=n: the transposing copy on n threads against one;
 - fwd_rec / bwd_rec=m: one step's recurrent product by m against blas (per call; a packed
   weight also pays its preparation once a direction);
@@ -28,6 +28,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from lstmgrad.fused.plan import SAFE
+from lstmgrad.planning.plan import WISDOM_FORMAT
+
 BAR = 1.05  # a value must win by this much somewhere to earn its place
 
 
@@ -47,11 +50,11 @@ def wins_of(cls: dict[str, Any], entry: dict[str, Any]) -> dict[str, float]:
             if "onednn/products" in s and "blas/products" in s:
                 out["big=onednn"] = s["blas/products"] / s["onednn/products"]
             method = entry["plan"]["big"]
-            rows = s.get(f"{method}/rows")
+            safe = s.get(f"{method}/{SAFE.weight_grad}")
             for key, v in s.items():
                 m, _, layout = key.partition("/")
-                if m == method and layout not in ("rows", "products") and rows and v:
-                    out[f"weight_grad={layout}"] = rows / v
+                if m == method and layout not in (SAFE.weight_grad, "products") and safe and v:
+                    out[f"weight_grad={layout}"] = safe / v
             one = s.get("transpose/1")
             for key, v in s.items():
                 n = key.split("/")[1] if key.startswith("transpose/") else ""
@@ -97,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     found: dict[str, list[tuple[float, str]]] = defaultdict(list)
     for path in files:
         doc = json.loads(path.read_text())
+        if doc.get("facts", {}).get("format") != WISDOM_FORMAT:
+            continue  # an older format's store: measured against another safe plan
         for key, entry in doc.get("entries", {}).items():
             cls = json.loads(key)
             label = " ".join(f"{k}{cls[k]}" for k in ("N", "B", "T", "I", "H", "D") if k in cls)

@@ -19,9 +19,9 @@ BIG_ENTRY = {
     "seconds": {
         "blas/products": 2.0,
         "onednn/products": 1.6,
-        "blas/rows": 3.0,
+        "blas/rows2": 3.0,
         "blas/nt": 2.0,
-        "blas/tn": 4.0,
+        "blas/rows": 4.0,
         "transpose/1": 1.0,
         "transpose/2": 0.8,
     },  # fmt: skip
@@ -42,7 +42,7 @@ STEPS_ENTRY = {
 def test_wins_are_the_safe_choice_over_the_value():
     big = plan_fields.wins_of(BIG, BIG_ENTRY)
     assert big == pytest.approx({"big=onednn": 1.25, "weight_grad=nt": 1.5,
-                                 "weight_grad=tn": 0.75, "transpose_threads=2": 1.25})  # fmt: skip
+                                 "weight_grad=rows": 0.75, "transpose_threads=2": 1.25})  # fmt: skip
     steps = plan_fields.wins_of(STEPS, STEPS_ENTRY)
     assert steps == pytest.approx({
         "fwd_rec=mkl": 2.0, "bwd_rec=loop": 0.5, "walk_product=library": 1.5, "walk": 2.0,
@@ -54,12 +54,16 @@ def test_wins_are_the_safe_choice_over_the_value():
 def test_the_table_counts_classes_and_wins_past_the_bar(tmp_path, monkeypatch, capsys):
     entries = {json.dumps(BIG, sort_keys=True): BIG_ENTRY,
                json.dumps(STEPS, sort_keys=True): STEPS_ENTRY}  # fmt: skip
-    (tmp_path / "wisdom-x.json").write_text(json.dumps({"entries": entries}))
+    facts = {"format": plan_fields.WISDOM_FORMAT}
+    (tmp_path / "wisdom-x.json").write_text(json.dumps({"facts": facts, "entries": entries}))
+    old = {"facts": {"format": plan_fields.WISDOM_FORMAT - 1}, "entries": entries}
+    (tmp_path / "wisdom-old.json").write_text(json.dumps(old))  # another format: not read
     monkeypatch.setenv("LSTMGRAD_CACHE_DIR", str(tmp_path))
     out = tmp_path / "out.json"
     assert plan_fields.main(["--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["weight_grad=tn"]["won"] == [] and len(doc["weight_grad=nt"]["won"]) == 1
+    assert doc["weight_grad=rows"]["won"] == [] and len(doc["weight_grad=nt"]["won"]) == 1
+    assert doc["big=onednn"]["classes"] == 1  # the older store's entries were left out
     assert doc["threads+split_min"]["won"] == [] and doc["walk"]["max"] == pytest.approx(2.0)
     assert "field=value" in capsys.readouterr().out
     monkeypatch.setenv("LSTMGRAD_CACHE_DIR", str(tmp_path / "none"))
