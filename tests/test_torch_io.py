@@ -281,7 +281,7 @@ def test_weight_gradient_layouts_keep_float16_storage(size, big, layout):
 @pytest.mark.parametrize("big,layout", BIG_LAYOUTS)
 @pytest.mark.parametrize("size", ["onednn", "tall"])
 def test_weight_gradient_layouts_with_dropout_masks_and_any_lengths(size, big, layout):
-    """The "nt", "nt2" and "rows2" layouts of the weight gradient pack the layers' inputs their own way,
+    """The "nt" and "rows2" layouts of the weight gradient pack the layers' inputs their own way,
     dropout masks applied, for any batch_sizes (unsorted too): the same gradients as NumPy's
     GEMMs, and as the reference."""
     x, hx, params, dy, kw = make(np.float32, num_layers=3, **SIZES[size])

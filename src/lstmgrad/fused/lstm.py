@@ -175,12 +175,12 @@ def forward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> tuple[Sl
 def backward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> tuple[Slot, ...]:
     """Scratch of the backward (compute dtype cd) under ``plan``.
 
-    xh [N, max(I, D*H) + H] packed [layer input | h_prev] (the "nt2" and "rows2" layouts: the
-    two one after the other, each dense); dg [P, N, 4H] gate gradients; cp
+    xh [N, max(I, D*H) + H] packed [layer input | h_prev] (the "rows2" layout: the two one
+    after the other, each dense); dg [P, N, 4H] gate gradients; cp
     [P, N, H] packed c_prev; dw [4H, max(I, D*H) + H] ("rows"; "rows2" of float16 storage); dh, dc [P, B, H]; dx [D, N, max(I, D*H)]
     each direction's dx; dy [T, B, D*H] the gradient of the layer's output; acts [7, T, B, H] the
-    saved activations in cd (float16 storage only); dgt [4H, N] dg transposed, where it is "nt" or
-    "nt2" (no dw where it is "rows2" or "nt2": their products write the results themselves);
+    saved activations in cd (float16 storage only); dgt [4H, N] dg transposed, where it is "nt"
+    (no dw where it is "rows2" of float32/float64: its products write the results themselves);
     db [P, B, 4H] each row's bias gradient (with bias).
     P = 2 where the two directions walk at once, else 1.
     """
@@ -203,7 +203,7 @@ def backward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> tuple[S
         ((dims.D, n, width), cd),
         ((t, b, dims.D * h), cd),
         (acts, cd),
-        ((4 * h, n) if layout in ("nt", "nt2") else (0,), cd),
+        ((4 * h, n) if layout == "nt" else (0,), cd),
         ((p, b, 4 * h) if dims.has_bias else (p, 1, 1), cd),
     )
 
@@ -492,21 +492,18 @@ def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.
 def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _Direction,
                   xh: np.ndarray, x_rows: np.ndarray, h_rows: np.ndarray, bufs: dict,
                   dparams: list) -> None:  # fmt: skip
-    """dW_ih and dW_hh (one [4H, I_l + H] GEMM from xh = [x | h_prev]; two in the "nt2" and
-    "rows2" layouts, from the layer input's rows x_rows and h_prev's h_rows, "rows2" each into
-    its result) and the biases of one direction."""
+    """dW_ih and dW_hh (one [4H, I_l + H] GEMM from xh = [x | h_prev]; two in the "rows2"
+    layout, from the layer input's rows x_rows and h_prev's h_rows, each into its result) and
+    the biases of one direction."""
     dims, dtype, layout = call.dims, call.dtype, plan.weight_grad
     width, n_rows = dims.layer_input_size(layer), dr.dg.shape[0]
     i_ih, i_hh = dims.index(layer, dr.k % dims.D, W_IH), dims.index(layer, dr.k % dims.D, W_HH)
-    if layout in ("nt", "nt2"):  # dG transposed
+    if layout == "nt":  # dG transposed
         walks.transpose_cols(dr.dg.reshape(-1), dims.G, n_rows, 0, dims.G, bufs["dgt_flat"],
                              plan.transpose_threads)  # fmt: skip
         dgt = _dense(bufs["dgt"], dims.G, n_rows)
     cv = _conversion(plan, gemm)
-    if layout == "nt2":  # the two GEMMs' own results, rounded where float16
-        dparams[i_ih] = half.converted(gemm.nt(dgt, x_rows, plan.big), dtype, cv)
-        dparams[i_hh] = half.converted(gemm.nt(dgt, h_rows, plan.big), dtype, cv)
-    elif layout == "rows2" and dtype == xh.dtype:  # results in the compute dtype: written in
+    if layout == "rows2" and dtype == xh.dtype:  # results in the compute dtype: written in
         product_into(gemm, dr.dg.T, x_rows, dparams[i_ih], plan.big)
         product_into(gemm, dr.dg.T, h_rows, dparams[i_hh], plan.big)
     elif layout == "rows2":  # float16 results: each product into scratch, then rounded
@@ -590,7 +587,7 @@ def lstm_backward(
 
 class _Rows:
     """A layer's rows for the weight gradient: ``xh`` the layout's matrix ([x | h_prev], or x
-    alone in the "nt2" and "rows2" layouts), h_prev written into ``hp`` from column ``hp_col``,
+    alone in the "rows2" layout), h_prev written into ``hp`` from column ``hp_col``,
     and the views ``x_rows`` (the layer input) and ``h_rows`` (h_prev)."""
 
     def __init__(self, xh, hp, hp_col, x_rows, h_rows) -> None:  # type: ignore[no-untyped-def]
@@ -618,10 +615,6 @@ class _BackwardRun:
         state = (dims.K, dims.B, dims.H)
         dx_shape = (dims.T, dims.B, dims.I) if need_dx else (0,)
         dw_shapes = [p.shape for p in call.params] if need_dw else []
-        if need_dw and plan.weight_grad == "nt2":  # dW_ih, dW_hh: the GEMMs' results themselves
-            for layer, d in np.ndindex(dims.L, dims.D):
-                dw_shapes[dims.index(layer, d, W_IH)] = (0,)
-                dw_shapes[dims.index(layer, d, W_HH)] = (0,)
         # dx in an allocation of its own, so that keeping the small results does not pin it
         self.outs = block([dx_shape], dtype) + block([state, state] + dw_shapes, dtype)
         self.dh_prev = self.outs[1] if need_dh else None
@@ -640,7 +633,7 @@ class _BackwardRun:
         width, hidden, n_rows = call.dims.layer_input_size(layer), call.dims.H, st.total
         xh = _dense(self.xh_buf, n_rows, width + hidden)  # [x | h_prev]
         hp, hp_col = xh, width
-        if plan.weight_grad in ("nt2", "rows2"):  # x [N, I_l] then h_prev [N, H], each dense
+        if plan.weight_grad == "rows2":  # x [N, I_l] then h_prev [N, H], each dense
             xh = _dense(self.xh_buf, n_rows, width)
             hp = self.xh_flat[n_rows * width : n_rows * (width + hidden)].reshape(n_rows, hidden)
             hp_col = 0
@@ -648,7 +641,7 @@ class _BackwardRun:
         if not call.need[3]:
             return rows
         direct = None
-        if plan.weight_grad in ("nt2", "rows2"):
+        if plan.weight_grad == "rows2":
             direct = _layer_input_rows(call, st, layer, self.masks, self.cd, self.cv)
         if direct is not None:
             rows.x_rows = direct

@@ -18,8 +18,7 @@ class Plan:
 
     big: GEMM method of the input projection, dx and the weight gradient ("blas" or "onednn");
     weight_grad: layout of dW = dG^T [x | h_prev] ("rows": from the rows of [x | h_prev];
-    "nt": from dG transposed; "nt2": as "nt" in two products, one
-    for dW_ih and one for dW_hh; "rows2": as "rows" in two products written into the results,
+    "nt": from dG transposed; "rows2": as "rows" in two products written into the results,
     through float32 scratch where float16 results are rounded from it; the safe choice: it
     copies no [4H, I + H] result, and was never over 1-2% slower than "rows" on an Intel Xeon,
     1.8x faster at H 1500); fwd_rec / bwd_rec: method
@@ -71,7 +70,9 @@ pools spinning against each other. Correct and safe on any machine."""
 
 # "tn" (from [x | h_prev] transposed) was removed: it never won on the grid (Intel Xeon, best
 # 0.85x of "rows"; benchmarks/plan_fields.py)
-WEIGHT_GRAD_LAYOUTS = ("rows", "nt", "nt2", "rows2")
+# "nt2" (two products from dG transposed) was removed: against "rows2" it never won on the grid
+# (Intel Xeon, best 0.93x; benchmarks/plan_fields.py)
+WEIGHT_GRAD_LAYOUTS = ("rows", "nt", "rows2")
 BIG_METHODS = ("blas", "onednn")
 RECURRENT_METHODS = ("blas", "blas_t", "loop", "onednn", "packed", "mkl")
 CONVERSIONS = ("kernels", "library")

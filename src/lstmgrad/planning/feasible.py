@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..core.layout import Dims
-from ..fused.plan import CONVERSIONS, WEIGHT_GRAD_LAYOUTS, Plan, compute_dtype
+from ..fused.plan import CONVERSIONS, SAFE, WEIGHT_GRAD_LAYOUTS, Plan, compute_dtype
 from . import openmp
 
 
@@ -23,7 +23,7 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     through one scratch)."""
     cd = compute_dtype(dtype)
     big = plan.big if plan.big in gemm.product_methods(cd) else "blas"
-    layout = plan.weight_grad if plan.weight_grad in WEIGHT_GRAD_LAYOUTS else "rows"
+    layout = plan.weight_grad if plan.weight_grad in WEIGHT_GRAD_LAYOUTS else SAFE.weight_grad
 
     def allowed(n: int) -> int:  # never more than the library itself is allowed
         return min(n, openmp.parallel_threads(), gemm.threads()) if n > 1 else 1

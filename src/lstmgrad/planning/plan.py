@@ -383,7 +383,7 @@ def cache_dir() -> Path:
     return _cache_dir(_cache_env())
 
 
-WISDOM_FORMAT = 21
+WISDOM_FORMAT = 22
 """The version of what a measurement holds: a store written with other candidates (an older
 lstmgrad) is measured again rather than read."""
 

@@ -126,7 +126,7 @@ def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
         extra = copies[f"rows{cls['R']}"] * ops.n / cls["R"] - copies[f"rows{ops.n}"]
         for key in seconds:
             layout = key.split("/")[1]
-            if layout in ("nt", "nt2"):  # dG transposed
+            if layout == "nt":  # dG transposed
                 seconds[key] += extra
     method, layout = _best(seconds).split("/")
     return {
@@ -209,7 +209,7 @@ def _weight_grad(gemm: Any, ops: _BigOperands, layout: str, method: str,
                  threads: int) -> Callable[[], Any]:  # fmt: skip
     """dW in ``layout`` as the engine runs it on dense steps: "rows" and "nt" with the
     copy of x into [x | h_prev]'s columns and of one [4H, I + H] result into dW_ih and dW_hh,
-    their copies on ``threads``; "nt2" and "rows2" from x and h_prev as they lie."""
+    their copies on ``threads``; "rows2" from x and h_prev as they lie."""
     from ..fused.gemm import product_into
 
     i = ops.i
@@ -231,15 +231,11 @@ def _weight_grad(gemm: Any, ops: _BigOperands, layout: str, method: str,
         ops.transpose_dg(threads)
         split(gemm.nt(ops.dgt, ops.xh, method))
 
-    def nt2() -> Any:
-        ops.transpose_dg(threads)
-        return gemm.nt(ops.dgt, ops.x, method), gemm.nt(ops.dgt, ops.hp, method)
-
     def rows2() -> None:
         product_into(gemm, ops.dg.T, ops.x, ops.dw_ih, method)
         product_into(gemm, ops.dg.T, ops.hp, ops.dw_hh, method)
 
-    return {"rows": rows, "nt": nt, "nt2": nt2, "rows2": rows2}[layout]
+    return {"rows": rows, "nt": nt, "rows2": rows2}[layout]
 
 
 def _copy_at_rows(cls: dict[str, Any], dg: np.ndarray, dgt: np.ndarray, threads: int
