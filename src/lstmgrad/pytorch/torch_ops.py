@@ -80,8 +80,7 @@ def _unstacked(a: np.ndarray | None) -> list[np.ndarray] | None:
 # lstmgrad::lstm_forward
 
 
-@torch.library.custom_op("lstmgrad::lstm_forward", mutates_args=(), device_types="cpu")
-def lstm_forward(
+def _forward_impl(
     input: Tensor,
     params: list[Tensor],
     h0: Tensor,
@@ -96,29 +95,8 @@ def lstm_forward(
     batch_first: bool,
     products: str = "float32",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The forward (aclnnLSTM) as a custom op; see the module docstring for the schema."""
-    return _forward_impl(
-        input, params, h0, c0, batch_sizes, dropout_masks, has_bias, num_layers, dropout, train,
-        bidirectional, batch_first, products,
-    )  # fmt: skip
-
-
-def _forward_impl(
-    input: Tensor,
-    params: Sequence[Tensor],
-    h0: Tensor,
-    c0: Tensor,
-    batch_sizes: Tensor | None,
-    dropout_masks: Tensor | None,
-    has_bias: bool,
-    num_layers: int,
-    dropout: float,
-    train: bool,
-    bidirectional: bool,
-    batch_first: bool,
-    products: str = "float32",
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The body of ``lstmgrad::lstm_forward`` (also run directly by the eager path)."""
+    """The forward (aclnnLSTM) as a custom op (:data:`lstm_forward`); see the module docstring
+    for the schema. The eager path runs this body directly."""
     fn = "lstmgrad::lstm_forward"
     masks = _unstacked(to_numpy(fn, "dropout_masks", dropout_masks))
     call = check_forward(
@@ -167,6 +145,12 @@ def _dims(
     return input.shape[0], input.shape[1], hidden, k
 
 
+# the op over the body (which the eager path also calls as it is)
+lstm_forward = torch.library.custom_op(
+    "lstmgrad::lstm_forward", mutates_args=(), device_types="cpu"
+)(_forward_impl)
+
+
 @lstm_forward.register_fake
 def _(
     input, params, h0, c0, batch_sizes, dropout_masks, has_bias, num_layers, dropout, train,
@@ -193,8 +177,7 @@ def _(
 # lstmgrad::lstm_backward
 
 
-@torch.library.custom_op("lstmgrad::lstm_backward", mutates_args=(), device_types="cpu")
-def lstm_backward(
+def _backward_impl(
     input: Tensor,
     params: list[Tensor],
     h0: Tensor,
@@ -214,34 +197,8 @@ def lstm_backward(
     output_mask: list[bool],
     products: str = "float32",
 ) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
-    """The backward (aclnnLstmBackward) as a custom op; see the module docstring for the schema."""
-    return _backward_impl(
-        input, params, h0, c0, dy, dh, dc, saved, batch_sizes, dropout_masks, has_bias,
-        num_layers, dropout, train, bidirectional, batch_first, output_mask, products,
-    )  # fmt: skip
-
-
-def _backward_impl(
-    input: Tensor,
-    params: Sequence[Tensor],
-    h0: Tensor,
-    c0: Tensor,
-    dy: Tensor | None,
-    dh: Tensor | None,
-    dc: Tensor | None,
-    saved: Tensor,
-    batch_sizes: Tensor | None,
-    dropout_masks: Tensor | None,
-    has_bias: bool,
-    num_layers: int,
-    dropout: float,
-    train: bool,
-    bidirectional: bool,
-    batch_first: bool,
-    output_mask: Sequence[bool],
-    products: str = "float32",
-) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
-    """The body of ``lstmgrad::lstm_backward`` (also run directly by the eager path)."""
+    """The backward (aclnnLstmBackward) as a custom op (:data:`lstm_backward`); see the module
+    docstring for the schema. The eager path runs this body directly."""
     fn = "lstmgrad::lstm_backward"
     if saved.dim() != 5 or saved.shape[0] != _GATHERED:
         raise LstmInvalidArgumentError(
@@ -266,6 +223,11 @@ def _backward_impl(
         return torch.empty(0, dtype=input.dtype) if a is None else torch.from_numpy(a)
 
     return out(dx), out(dh_prev), out(dc_prev), [out(p) for p in dparams or []]
+
+
+lstm_backward = torch.library.custom_op(
+    "lstmgrad::lstm_backward", mutates_args=(), device_types="cpu"
+)(_backward_impl)
 
 
 @lstm_backward.register_fake
@@ -384,7 +346,7 @@ class _Eager(torch.autograd.Function):
         ctx: Any, input: Tensor, h0: Tensor, c0: Tensor, batch_sizes: Tensor | None,
         masks: Tensor | None, flags: tuple[Any, ...], *params: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-        out, hy, cy, saved = _forward_impl(input, params, h0, c0, batch_sizes, masks, *flags)
+        out, hy, cy, saved = _forward_impl(input, list(params), h0, c0, batch_sizes, masks, *flags)
         ctx.flags = flags
         ctx.set_materialize_grads(False)
         if flags[3]:  # train: what the backward needs
@@ -547,7 +509,7 @@ def lstm(
     flags = (has_bias, num_layers, dropout if applies else 0.0, save, bidirectional, batch_first,
              products)  # fmt: skip
     if route == "eager" and not needs_grad:  # no graph to record: the body alone
-        output, h_n, c_n, _ = _forward_impl(input, params, h0, c0, batch_sizes, masks, *flags)
+        output, h_n, c_n, _ = _forward_impl(input, list(params), h0, c0, batch_sizes, masks, *flags)
         return output, h_n, c_n
     if route == "eager":
         result: tuple[Tensor, Tensor, Tensor] = _Eager.apply(
