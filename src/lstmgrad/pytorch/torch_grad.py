@@ -183,10 +183,6 @@ def _backward_setup(ctx: Any, inputs: Any, output: Any) -> None:
     input, params, h0, c0, dy, dh, dc, _saved, batch_sizes, masks, *rest = inputs
     flags, output_mask = rest[:_FORWARD_FLAGS], rest[_FORWARD_FLAGS]  # then products, if given
     ctx.flags = flags
-    # no gradient for saved, batch_sizes, masks and the flags; torch's wrapper leaves out an
-    # argument equal to its default (products="float32") from the inputs it compares against
-    given = [a for a in rest[_FORWARD_FLAGS + 1 :] if a != "float32"]
-    ctx.n_after = 3 + _FORWARD_FLAGS + 1 + len(given)
     ctx.output_mask = list(output_mask)
     ctx.save_for_backward(input, h0, c0, dy, dh, dc, batch_sizes, masks, *params)
 
@@ -201,7 +197,9 @@ def _double_backward(
     grads = (gx, gh, gc, *(gparams or [None] * len(params)))
     saved = (input, h0, c0, dy, dh, dc, batch_sizes, masks)
     result = second_order(saved, params, ctx.flags, ctx.output_mask, grads, needs)
-    return (*result, *(None,) * ctx.n_after)
+    # no gradient for saved, batch_sizes, masks and the flags; one per input as torch's wrapper
+    # counts them (it leaves out an argument passed at its default, products)
+    return (*result, *(None,) * (len(need) - len(result)))
 
 
 # ---------------------------------------------------------------------------------------------

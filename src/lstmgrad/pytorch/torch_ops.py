@@ -273,9 +273,6 @@ def _products_gemm(fn: str, products: str, dtype: torch.dtype) -> Any:
 def _forward_setup(ctx: Any, inputs: Any, output: Any) -> None:
     input, params, h0, c0, batch_sizes, dropout_masks, *flags = inputs
     ctx.flags = dict(zip(_FLAGS, (*flags, "float32")[: len(_FLAGS)], strict=True))
-    # torch's wrapper leaves an argument equal to its default (products) out of the inputs
-    # it checks the returned gradients against
-    ctx.n_inputs = 6 + len(_FLAGS) - (ctx.flags["products"] == "float32")
     ctx.n_params = len(params)
     ctx.mark_non_differentiable(output[3])
     # unused outputs arrive as None instead of zero tensors (``saved`` alone is the size of
@@ -288,10 +285,13 @@ def _forward_backward(
     ctx: Any, dy: Tensor | None, dh: Tensor | None, dc: Tensor | None, _saved: Any
 ) -> Any:
     input, h0, c0, saved, batch_sizes, dropout_masks, *params = ctx.saved_tensors
+    # one gradient per input as torch's wrapper counts them (it leaves out an argument passed
+    # at its default, products)
+    n_inputs = len(ctx.needs_input_grad)
     need_x, need_w, need_h0, need_c0 = ctx.needs_input_grad[:4]
     mask = [bool(need_x), bool(need_h0), bool(need_c0), bool(need_w)]
     if not any(mask):
-        return (None,) * ctx.n_inputs
+        return (None,) * n_inputs
     dx, dh_prev, dc_prev, dparams = _gradients(
         input, params, h0, c0, dy, dh, dc, saved, batch_sizes, dropout_masks,
         tuple(ctx.flags.values()), mask, eager=False,
@@ -301,7 +301,7 @@ def _forward_backward(
         list(dparams) if need_w else None,
         dh_prev if need_h0 else None,
         dc_prev if need_c0 else None,
-        *(None,) * (ctx.n_inputs - 4),
+        *(None,) * (n_inputs - 4),
     )
 
 
