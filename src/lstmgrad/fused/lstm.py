@@ -671,16 +671,15 @@ class _BackwardRun:
         """Both directions' step loops at once, each on a thread of its own (fused.walks);
         each direction's h_prev is gathered after them, in :meth:`direction`."""
         call, st, cd = self.call, self.st, self.cd
+        fn = _walk_gemm(self.plan, self.gemm, cd)
         pair = []
         for dr in dirs:  # c_prev for the walks
             if not st.dense:  # else the walks read c_prev where it is saved
                 _gather(call, st, dr.k, dr.acts, rows.hp, rows.hp_col, dr.cp, with_h=False)
             _initial_grads(call, dr)
             w_hh = _c(call.params[call.dims.index(layer, dr.k % 2, W_HH)], cd, self.cv)
-            fn = _walk_gemm(self.plan, self.gemm, cd)
             pair.append(_backward_walk(call, dr, self.gemm.walk_operand(w_hh) if fn else w_hh, st))
         flags = (call.need[1], st.dense, self.with_db)
-        fn = _walk_gemm(self.plan, self.gemm, cd)
         parts = _parts(self.plan, st, call.dims.B)
         walks.backward_walk_parts(pair[0], pair[1], parts, self.dy is not None, st.ns,
                                   st.offsets, flags, fn)  # fmt: skip
