@@ -860,30 +860,50 @@ def test_slow_copies_at_the_layers_rows_rule_out_transposing_layouts(monkeypatch
 
 
 class _WalkGemm(_FourThreadGemm):
-    """A back end with a product a walk can call (as torch's MKL is)."""
+    """A back end with a product a walk can call, plain or packed (as torch's MKL has)."""
 
     @staticmethod
-    def walk_gemm(dtype: np.dtype) -> int:
+    def walk_gemm(dtype: np.dtype, packed: bool = False) -> int:
         return 1
+
+
+class _PlainWalkGemm(_FourThreadGemm):
+    """A back end with a plain product a walk can call, no packed one."""
+
+    @staticmethod
+    def walk_gemm(dtype: np.dtype, packed: bool = False) -> int:
+        return 0 if packed else 1
 
 
 @pytest.mark.parametrize(
     "dims, want",
     [
-        (Dims(3, 12, 16, 16, 8, 2, True), dict(walk=True, pair_walks=False, threads=1)),  # tiny
-        (Dims(200, 8, 128, 128, 1, 2, True), dict(walk=True, pair_walks=True, threads=2)),
-        (Dims(100, 32, 256, 256, 1, 1, True), dict(walk=True, threads=2, walk_rows=2)),
-        (Dims(100, 1, 256, 256, 1, 1, True), dict(walk=True, threads=1, walk_rows=1)),  # one row
-        (Dims(2, 4, 8, 16, 1, 1, True), dict(walk=True, threads=1, walk_rows=1)),  # little work
+        (Dims(3, 12, 16, 16, 8, 2, True), dict(walk=True, pair_walks=False, threads=1,
+                                                walk_product="library")),  # tiny
+        (Dims(200, 8, 128, 128, 1, 2, True), dict(walk=True, pair_walks=True, threads=2,
+                                                  walk_product="packed")),
+        (Dims(100, 32, 256, 256, 1, 1, True), dict(walk=True, threads=2, walk_rows=2,
+                                                   walk_product="packed")),
+        (Dims(100, 1, 256, 256, 1, 1, True), dict(walk=True, threads=1, walk_rows=1,
+                                                  walk_product="library")),  # one row
+        (Dims(1, 64, 256, 256, 1, 1, True), dict(walk_product="library")),  # one step
+        (Dims(100, 64, 100, 100, 1, 1, True), dict(walk_product="library")),  # small W_hh
+        (Dims(2, 4, 8, 16, 1, 1, True), dict(walk=True, threads=1, walk_rows=1,
+                                             walk_product="library")),  # little work
     ],
-    ids=["T3-B12-H16-D2", "T200-B8-H128-D2", "T100-B32-H256-D1", "T100-B1-H256-D1", "T2-B4-H16-D1"],
-)
+    ids=["T3-B12-H16-D2", "T200-B8-H128-D2", "T100-B32-H256-D1", "T100-B1-H256-D1",
+         "T1-B64-H256-D1", "T100-B64-H100-D1", "T2-B4-H16-D1"],
+)  # fmt: skip
 def test_default_plan_walks_and_splits_only_with_work_to_share(monkeypatch, dims, want):
-
+    """The default plan's walks, threads and walk product from the call's sizes alone: W_hh
+    packed once a call where it has at least PACK_MIN_WEIGHTS elements, a block two rows
+    and the call two steps; the plain library product elsewhere and where the back end has
+    no packed product."""
     monkeypatch.setattr(openmp, "parallel_threads", lambda: 2)
     got = plan.default_plan(dims, np.dtype(np.float32), _WalkGemm())
-    assert got.walk_product == "library"
     assert {k: getattr(got, k) for k in want} == want
+    unpacked = plan.default_plan(dims, np.dtype(np.float32), _PlainWalkGemm())
+    assert unpacked == dataclasses.replace(got, walk_product="library")
     # a back end whose BLAS must not be called from a walk's thread: the safe plan
     assert plan.default_plan(dims, np.dtype(np.float32), NUMPY_GEMM) == SAFE
 
@@ -1053,7 +1073,7 @@ class _WalkingGemm(_FourThreadGemm):
     """A back end with a library GEMM for the walks (the default plan walks with it)."""
 
     @staticmethod
-    def walk_gemm(dtype) -> int:
+    def walk_gemm(dtype, packed=False) -> int:
         return 1
 
 

@@ -380,6 +380,25 @@ def test_gemm_products_against_float64(monkeypatch, lib, m, k, n):
             got = np.full((m, n), np.nan, dtype)
             walk_product(fn, wide[2 : m + 2], mat, got, *gemm_scratch(got))
             assert np.abs(got - want_d).max() <= tol * np.abs(want_d).max()
+    # the packed product (MKL's, float32 only): b packed once, then products of m rows, of
+    # fewer (variable lengths) and of one, both layouts of b; packed for one row, two rows
+    packed_fn = gemm.walk_gemm(f32, True)
+    assert gemm.walk_gemm(np.dtype(np.float64), True) == 0
+    if lib == "torch":
+        assert (packed_fn != 0) == tensors_mod._probe_packed_gemm(torch)
+    else:
+        assert packed_fn == 0
+    if packed_fn:
+        wide = np.concatenate([a, a[:3]])
+        for mat in (b, b_view):
+            for rows in (m, 1):
+                buf = np.full(gemm.walk_pack_bytes(mat.shape, rows), 255, np.uint8)
+                packed = gemm.walk_pack(mat, rows, buf)
+                assert packed.shape == (k, n) and packed.dtype == np.uint8
+                for r in sorted({m, m // 2 + 1, 1}) if rows == m else (1,):
+                    got = np.full((r, n), np.nan, np.float32)
+                    walk_product(packed_fn, wide[2 : r + 2], packed, got, *gemm_scratch(got))
+                    check(got, wide[2 : r + 2].astype(np.float64) @ b.astype(np.float64))
 
 
 def test_lazy_negation_views_are_read_as_their_values():
@@ -475,17 +494,16 @@ def _record_calls(monkeypatch, module, names):
 @pytest.mark.parametrize(
     "case", ["dense", "lengths-with-empty-steps", "no-dy", "dh-prev-off"]
 )  # fmt: skip
-@pytest.mark.parametrize("walk_product", ["loop", "library"])
+@pytest.mark.parametrize("walk_product", ["loop", "library", "packed"])
 def test_bidirectional_pair_walks(monkeypatch, two_threads, dtype, rtol, case, walk_product):
     """A plan's pair walks (both directions of a bidirectional layer at once, fused.walks),
-    their recurrent products by the Numba loop or by torch's own GEMM: taken, and equal to
-    NumPy's path (one direction at a time through NumPy's BLAS) and to the reference, with any
-    batch sizes (empty steps included), without dy, and without dh_prev."""
+    their recurrent products by the Numba loop, by torch's own GEMM or by its packed GEMM
+    (float32; float64 falls back to the GEMM): taken, and equal to NumPy's path (one direction
+    at a time through NumPy's BLAS) and to the reference, with any batch sizes (empty steps
+    included), without dy, and without dh_prev."""
     from lstmgrad.fused import lstm, walks
-    from lstmgrad.ops.tensors import TorchGemm
 
-    if walk_product == "library" and not TorchGemm().walk_gemm(dtype):
-        pytest.skip("this torch build exports no GEMM for the walks to call (no MKL)")
+    _skip_without(walk_product, dtype)
     taken = _record_calls(monkeypatch, walks, ("forward_walk_parts", "backward_walk_parts"))
     fns = _record_results(monkeypatch, lstm, "_walk_gemm")
     t, b, i, h = 6, 4, 5, 7
@@ -508,7 +526,7 @@ def test_bidirectional_pair_walks(monkeypatch, two_threads, dtype, rtol, case, w
     with forced(pair_walks=True, threads=two_threads, walk_product=walk_product):
         got = lstmgrad.lstm_backward(*[tensors(a) for a in args], output_mask=mask, **kw)
     assert taken == ["forward_walk_parts"] * 2 + ["backward_walk_parts"] * 2  # 2 layers
-    assert len(fns) >= 4 and all((fn != 0) == (walk_product == "library") for fn in fns)
+    assert len(fns) >= 4 and all(fn == _walk_fn(walk_product, dtype) for fn in fns)
     assert_backward_close(got, want, rtol)
     assert_backward_close(got, ref, max(rtol, 1e-5))
 
@@ -520,20 +538,19 @@ def test_bidirectional_pair_walks(monkeypatch, two_threads, dtype, rtol, case, w
 @pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
 @pytest.mark.parametrize("case", ["dense", "lengths-with-empty-steps", "no-dy", "dh-prev-off"])
 @pytest.mark.parametrize("kind", ["numpy", "tensors"])
-@pytest.mark.parametrize("walk_product", ["loop", "library"])
+@pytest.mark.parametrize("walk_product", ["loop", "library", "packed"])
 def test_whole_step_loops_in_one_call(monkeypatch, dtype, rtol, bidirectional, case, kind,
                                       walk_product):  # fmt: skip
     """A plan's walks (each direction's step loop in one Numba call, one thread), their
-    recurrent products by the Numba loop or by torch's own GEMM (NumPy inputs: the loop
-    whatever the plan asks): taken for every layer and direction, equal to the reference, for
-    every storage dtype, with any batch sizes (empty steps included), without dy and without
-    dh_prev."""
+    recurrent products by the Numba loop, by torch's own GEMM or its packed GEMM (NumPy
+    inputs: the loop whatever the plan asks): taken for every layer and direction, equal to
+    the reference, for every storage dtype, with any batch sizes (empty steps included),
+    without dy and without dh_prev."""
     from lstmgrad.fused import lstm, walks
-    from lstmgrad.ops.tensors import TorchGemm
 
-    library = walk_product == "library" and kind == "tensors"
-    if library and not TorchGemm().walk_gemm(lstmgrad.planning.plan.compute_dtype(dtype)):
-        pytest.skip("this torch build exports no GEMM for the walks to call (no MKL)")
+    cd = lstmgrad.planning.plan.compute_dtype(dtype)
+    if kind == "tensors":
+        _skip_without(walk_product, cd)
     taken = _record_calls(monkeypatch, walks, ("forward_walk_of", "backward_walk_of"))
     fns = _record_results(monkeypatch, lstm, "_walk_gemm")
     bs = [4, 0, 3, 3, 0, 1] if case == "lengths-with-empty-steps" else None
@@ -541,7 +558,26 @@ def test_whole_step_loops_in_one_call(monkeypatch, dtype, rtol, bidirectional, c
     _forced_against_reference(fields, dtype, rtol, bidirectional, case, kind, 4, bs)
     layers_dirs = 2 * (2 if bidirectional else 1)
     assert taken == ["forward_walk_of"] * layers_dirs + ["backward_walk_of"] * layers_dirs
-    assert len(fns) == 2 * layers_dirs and all((fn != 0) == library for fn in fns)
+    want = _walk_fn(walk_product, cd) if kind == "tensors" else 0
+    assert len(fns) == 2 * layers_dirs and all(fn == want for fn in fns)
+
+
+def _walk_fn(walk_product: str, dtype) -> int:  # type: ignore[no-untyped-def]
+    """The address a walk of torch tensors calls for ``walk_product`` (0: the Numba loop):
+    the packed GEMM for float32 only, the plain GEMM in its place for float64."""
+    from lstmgrad.ops.tensors import TorchGemm
+
+    gemm = TorchGemm()
+    if walk_product == "packed" and gemm.walk_gemm(dtype, True):
+        return gemm.walk_gemm(dtype, True)
+    return gemm.walk_gemm(dtype) if walk_product != "loop" else 0
+
+
+def _skip_without(walk_product: str, dtype) -> None:  # type: ignore[no-untyped-def]
+    from lstmgrad.ops.tensors import TorchGemm
+
+    if walk_product != "loop" and not TorchGemm().walk_gemm(dtype):
+        pytest.skip("this torch build exports no GEMM for the walks to call (no MKL)")
 
 
 def _forced_against_reference(fields, dtype, rtol, bidirectional, case, kind, b, bs):  # type: ignore[no-untyped-def]

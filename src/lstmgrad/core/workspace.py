@@ -35,6 +35,24 @@ def _scratch(nbytes: int) -> np.ndarray:
     return buf
 
 
+def kept(name: str, nbytes: int) -> np.ndarray:
+    """A uint8 buffer of at least ``nbytes``, the calling thread's own under ``name``, reused
+    by its later calls (for scratch a GEMM back end sizes itself: a packed weight)."""
+    buffers = getattr(_local, "kept", None)
+    if buffers is None:
+        buffers = _local.kept = {}
+    buf = buffers.get(name)
+    if buf is None or buf.nbytes < nbytes:
+        buf = buffers[name] = np.empty(nbytes, dtype=np.uint8)
+    return buf
+
+
+def kept_bytes(name: str) -> int:
+    """Bytes of the calling thread's kept buffer ``name`` (:func:`kept`; 0 where none)."""
+    buf = (getattr(_local, "kept", None) or {}).get(name)
+    return 0 if buf is None else int(buf.nbytes)
+
+
 def scratch_held() -> int:
     """Bytes of the calling thread's kept scratch buffer (a call that fits reuses it)."""
     buf = getattr(_local, "buffer", None)
@@ -107,10 +125,11 @@ def _result_memory(nbytes: int, dtype: np.dtype) -> np.ndarray:
 
 
 def release_memory() -> None:
-    """Give back the memory kept for later calls: the calling thread's scratch buffer and the
-    pool of recycled result blocks (both are rebuilt on demand)."""
+    """Give back the memory kept for later calls: the calling thread's scratch buffers and the
+    pool of recycled result blocks (all rebuilt on demand)."""
     global _pool_bytes
     _local.buffer = None
+    _local.kept = None
     with _pool_lock:
         _pool.clear()
         _pool_bytes = 0

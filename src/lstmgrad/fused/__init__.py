@@ -11,6 +11,7 @@ from .lstm import (
     forward_workspace_slots,
     lstm_backward,
     lstm_forward,
+    walk_pack_bytes,
 )
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "backward_workspace_slots",
     "forward_bytes",
     "backward_bytes",
+    "walk_pack_bytes",
 ]

@@ -48,7 +48,12 @@ class Gemm(Protocol):
     the engine's one-call step loops (fused.walks) call on their own thread for the recurrent
     product; 0 where there is none to call (the loops then multiply in Numba).
     ``walk_operand(b)``: the fixed operand b as that GEMM reads it (b itself; bfloat16 bits for
-    a back end whose GEMM takes bfloat16).
+    a back end whose GEMM takes bfloat16). ``walk_gemm(dtype, packed=True)``: the address of
+    the library's packed GEMM (MKL's sgemm_compute: the fixed operand packed once for every
+    step), 0 where there is none; ``walk_pack_bytes(shape, rows)`` the bytes of a [K, N]
+    operand packed for products of at most ``rows`` rows, ``walk_pack(b, rows, buf)`` b
+    packed into the uint8 ``buf`` (at least that long), as the operand the step loops pass
+    to that GEMM (:func:`lstmgrad.fused.kernels.packed_matmul`).
     """
 
     kind: str
@@ -67,9 +72,13 @@ class Gemm(Protocol):
 
     def convert(self, dst: np.ndarray, src: np.ndarray, /) -> bool: ...
 
-    def walk_gemm(self, dtype: np.dtype) -> int: ...
+    def walk_gemm(self, dtype: np.dtype, packed: bool = False) -> int: ...
 
     def walk_operand(self, b: np.ndarray, /) -> np.ndarray: ...
+
+    def walk_pack_bytes(self, shape: tuple[int, int], rows: int) -> int: ...
+
+    def walk_pack(self, b: np.ndarray, rows: int, buf: np.ndarray) -> np.ndarray: ...
 
 
 _prepared: contextvars.ContextVar[tuple[list[np.ndarray], dict] | None] = contextvars.ContextVar(
@@ -212,11 +221,17 @@ class NumpyGemm:
     def convert(self, dst: np.ndarray, src: np.ndarray, /) -> bool:
         return False  # NumPy's own float16 conversion is slower than the engine's kernels
 
-    def walk_gemm(self, dtype: np.dtype) -> int:
+    def walk_gemm(self, dtype: np.dtype, packed: bool = False) -> int:
         return 0  # NumPy's BLAS starts threads of its own, which a walk's thread must not
 
     def walk_operand(self, b: np.ndarray, /) -> np.ndarray:
         return b
+
+    def walk_pack_bytes(self, shape: tuple[int, int], rows: int) -> int:
+        return 0
+
+    def walk_pack(self, b: np.ndarray, rows: int, buf: np.ndarray) -> np.ndarray:
+        raise ValueError("NumPy's back end has no packed GEMM (its walk_gemm(dtype, True) is 0)")
 
 
 NUMPY_GEMM = NumpyGemm()

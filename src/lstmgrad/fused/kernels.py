@@ -154,6 +154,25 @@ def _fortran_gemm(typingctx, fn, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c
     return types.none(fn, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), codegen
 
 
+@intrinsic
+def _fortran_gemm_compute(typingctx, fn, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):  # pragma: no cover - compiled  # fmt: skip
+    """Calls the Fortran-convention packed GEMM (MKL's sgemm_compute: sgemm_'s arguments
+    without alpha, which packing applied) at address ``fn``, every argument an address, as
+    :func:`_fortran_gemm`."""
+    if not all(isinstance(t, types.Integer) for t in (fn, ta, tb, m, n, k, a, lda, b, ldb,
+                                                      beta, c, ldc)):  # fmt: skip
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = llvmlite_ir.IntType(8).as_pointer()
+        fnty = llvmlite_ir.FunctionType(llvmlite_ir.VoidType(), [ptr] * 12)
+        callee = builder.inttoptr(args[0], fnty.as_pointer())
+        builder.call(callee, [builder.inttoptr(v, ptr) for v in args[1:]])
+        return context.get_dummy_value()
+
+    return types.none(fn, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc), codegen
+
+
 @_jit
 def gemm_scratch(like):  # pragma: no cover
     """The argument memory of :func:`library_matmul`, made once per step loop: ``ints`` [8]
@@ -194,6 +213,29 @@ def library_matmul(fn, a, b, out, ints, alpha_beta):  # pragma: no cover
 
 
 @_jit
+def packed_matmul(fn, a, packed, out, ints, alpha_beta):  # pragma: no cover
+    """out = a @ b by the library's packed GEMM at address ``fn`` (MKL's sgemm_compute), b
+    [k, n] packed once for every step (a back end's ``walk_pack``): ``packed`` is a [k, n]
+    uint8 view with zero strides whose data is the packed matrix (its shape gives k and n).
+    a's rows and out's rows dense, as in :func:`library_matmul`; the library's column-major
+    out^T = b^T a^T with b^T the packed operand ("P")."""
+    m = a.shape[0]
+    k, n = packed.shape
+    ints[0], ints[1], ints[2] = n, m, k
+    ints[6] = 80  # "P": the packed operand
+    ints[7] = 78  # "N"
+    ints[3] = max(n, 1)  # not read for a packed operand; a valid value all the same
+    ints[4] = a.strides[0] // a.itemsize if m > 1 else max(k, 1)
+    ints[5] = out.strides[0] // out.itemsize if m > 1 else max(n, 1)
+    _fortran_gemm_compute(
+        fn, ints[6:].ctypes.data, ints[7:].ctypes.data, ints[0:].ctypes.data,
+        ints[1:].ctypes.data, ints[2:].ctypes.data, packed.ctypes.data, ints[3:].ctypes.data,
+        a.ctypes.data, ints[4:].ctypes.data, alpha_beta[1:].ctypes.data, out.ctypes.data,
+        ints[5:].ctypes.data,
+    )  # fmt: skip
+
+
+@_jit
 def bfloat16_bits(a):  # pragma: no cover
     """float32 [m, k] rounded to bfloat16 (to nearest even; a NaN stays a quiet NaN of the same
     sign), as the uint16 bit patterns of a new C-contiguous [m, k] array."""
@@ -215,9 +257,12 @@ def walk_product(fn, a, b, out, ints, alpha_beta):  # pragma: no cover
     """out = a @ b for the walks' recurrent products: by the library GEMM at ``fn``
     (:func:`library_matmul`, its scratch from :func:`gemm_scratch`) where it is not 0, else
     :func:`matmul_into`. A b of bfloat16 bits (uint16: the bfloat16 back end's operand, its
-    GEMM at ``fn``) gets a rounded to bfloat16 too."""
+    GEMM at ``fn``) gets a rounded to bfloat16 too; a packed b (uint8: :func:`packed_matmul`)
+    goes to the packed GEMM at ``fn``."""
     if fn != 0:
-        if b.itemsize == 2:
+        if b.itemsize == 1:
+            packed_matmul(fn, a, b, out, ints, alpha_beta)
+        elif b.itemsize == 2:
             library_matmul(fn, bfloat16_bits(a), b, out, ints, alpha_beta)
         else:
             library_matmul(fn, a, b, out, ints, alpha_beta)

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..core.contract import BackwardCall, ForwardCall, LstmSaved
 from ..core.layout import B_HH, B_IH, W_HH, W_IH, Dims
-from ..core.workspace import Arena, Slot, block
+from ..core.workspace import Arena, Slot, block, kept, kept_bytes
 from . import half, kernels, walks
 from .gemm import Gemm, product_into
 from .plan import Plan, compute_dtype
@@ -115,8 +115,35 @@ def _rounded(a: np.ndarray, dtype: np.dtype, threads: int = 1) -> np.ndarray:
 
 def _walk_gemm(plan: Plan, gemm: Gemm, cd: np.dtype) -> int:
     """The one-call step loops' product (fused.walks): the library GEMM's address where the
-    plan says "library", 0 (the Numba loop) otherwise."""
-    return gemm.walk_gemm(cd) if plan.walk_product == "library" else 0
+    plan says "library", its packed GEMM's where "packed", 0 (the Numba loop) otherwise."""
+    if plan.walk_product == "loop":
+        return 0
+    return gemm.walk_gemm(cd, plan.walk_product == "packed")
+
+
+def _walk_operand(plan: Plan, gemm: Gemm, fn: int, b: np.ndarray, rows: int,
+                  slot: int) -> np.ndarray:  # fmt: skip
+    """The fixed operand b [K, N] of a walk's recurrent product as the walk's product reads
+    it: packed once for all steps of at most ``rows`` rows where the plan says "packed" (into
+    the calling thread's kept buffer ``slot``: one per walk running at once), else
+    :meth:`Gemm.walk_operand`'s (b itself for the Numba loop)."""
+    if not fn:
+        return b
+    if plan.walk_product == "packed":
+        buf = kept(f"walk_pack{slot}", gemm.walk_pack_bytes(b.shape, rows))
+        return gemm.walk_pack(b, rows, buf)
+    return gemm.walk_operand(b)
+
+
+def walk_pack_bytes(dims: Dims, dtype: np.dtype, plan: Plan, gemm: Gemm) -> int:
+    """Memory the plan's packed recurrent weights take beyond the buffers the calling thread
+    keeps (0 without packed walk products)."""
+    if plan.walk_product != "packed" or not gemm.walk_gemm(compute_dtype(dtype), True):
+        return 0
+    h = dims.H
+    size = max(gemm.walk_pack_bytes((h, 4 * h), dims.B), gemm.walk_pack_bytes((4 * h, h), dims.B))
+    slots = 2 if plan.pair_walks else 1
+    return sum(max(size - kept_bytes(f"walk_pack{s}"), 0) for s in range(slots))
 
 
 def _parts(plan: Plan, st: _Steps, batch: int) -> np.ndarray:
@@ -368,7 +395,7 @@ class _ForwardRun:
             fn = _walk_gemm(plan, self.gemm, cd)
             # [H, 4H]: the library reads W_hh transposed in place; the Numba loop needs a copy
             w_t = w_hh.T if fn and w_hh.flags.c_contiguous else kernels.transposed(w_hh)
-            w_t = self.gemm.walk_operand(w_t) if fn else w_t
+            w_t = _walk_operand(plan, self.gemm, fn, w_t, batch, p)
             walk = walks.ForwardWalk._make((gx, w_t, bias, h, c, gh, st.orders[d], *acts,
                                             y_d))  # fmt: skip
             if plan.pair_walks:
@@ -464,7 +491,7 @@ def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.
     gate_acts = dr.gate_acts
     if plan.walk:  # the whole step loop in one Numba call
         fn = _walk_gemm(plan, gemm, dr.dg.dtype)
-        walk = _backward_walk(call, dr, gemm.walk_operand(w_hh) if fn else w_hh, st)
+        walk = _backward_walk(call, dr, _walk_operand(plan, gemm, fn, w_hh, call.dims.B, 0), st)
         flags = (call.need[1], st.dense, dr.with_db)
         if plan.walk_rows > 1:  # blocks of rows on threads of their own
             walks.backward_walk_parts(walk, walk, _parts(plan, st, call.dims.B), has_dy, st.ns,
@@ -672,13 +699,14 @@ class _BackwardRun:
         each direction's h_prev is gathered after them, in :meth:`direction`."""
         call, st, cd = self.call, self.st, self.cd
         fn = _walk_gemm(self.plan, self.gemm, cd)
-        pair = []
+        pair: list[walks.BackwardWalk] = []
         for dr in dirs:  # c_prev for the walks
             if not st.dense:  # else the walks read c_prev where it is saved
                 _gather(call, st, dr.k, dr.acts, rows.hp, rows.hp_col, dr.cp, with_h=False)
             _initial_grads(call, dr)
             w_hh = _c(call.params[call.dims.index(layer, dr.k % 2, W_HH)], cd, self.cv)
-            pair.append(_backward_walk(call, dr, self.gemm.walk_operand(w_hh) if fn else w_hh, st))
+            w = _walk_operand(self.plan, self.gemm, fn, w_hh, call.dims.B, len(pair))
+            pair.append(_backward_walk(call, dr, w, st))
         flags = (call.need[1], st.dense, self.with_db)
         parts = _parts(self.plan, st, call.dims.B)
         walks.backward_walk_parts(pair[0], pair[1], parts, self.dy is not None, st.ns,

@@ -32,7 +32,8 @@ class Plan:
     arithmetic; pair_walks take precedence);
     walk_product: the recurrent product in those one-call step loops ("loop": the engine's
     Numba loop; "library": the GEMM library's own routine called on the loop's thread, where
-    the back end has one to call, :meth:`Gemm.walk_gemm`); walk_rows: the blocks of batch rows
+    the back end has one to call, :meth:`Gemm.walk_gemm`; "packed": its packed GEMM, W_hh
+    packed once a call for every step, where it has one); walk_rows: the blocks of batch rows
     each direction's one-call step loop splits into, each block walking on a thread of its own
     (with walk or pair_walks; a row's steps do not depend on the other rows); fwd_walk: the
     forward walks too (False: only the backward does, the forward calls the library per step
@@ -76,7 +77,7 @@ WEIGHT_GRAD_LAYOUTS = ("rows", "nt", "rows2")
 BIG_METHODS = ("blas", "onednn")
 RECURRENT_METHODS = ("blas", "blas_t", "loop", "onednn", "packed", "mkl")
 CONVERSIONS = ("kernels", "library")
-WALK_PRODUCTS = ("loop", "library")
+WALK_PRODUCTS = ("loop", "library", "packed")
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:

@@ -116,7 +116,7 @@ def _need(fn: str, call: ForwardCall | BackwardCall, arena: Arena | None, gemm: 
         slots = fused.backward_workspace_slots(call.dims, call.dtype, plan)
     if arena is None:
         need += max(workspace_bytes(slots) - scratch_held(), 0)
-    check_memory(fn, need)
+    check_memory(fn, need + fused.walk_pack_bytes(call.dims, call.dtype, plan, gemm))
 
 
 def run_backward(

@@ -24,7 +24,7 @@ import numpy as np
 from ..core.errors import LstmInvalidArgumentError
 from ..core.machine import native_bfloat16, torch_threads
 from ..fused.gemm import NUMPY_GEMM, FixedGemm, dense, loop_product, prepared, transposed_product
-from ..fused.kernels import gemm_scratch, library_matmul
+from ..fused.kernels import gemm_scratch, library_matmul, walk_product
 
 
 def _torch() -> Any:
@@ -182,6 +182,12 @@ def _probe_mkl(torch: Any) -> bool:
     return all(torch.equal(mkl._mkl_linear(a, packed, w, None, 2), a @ w.t()) for a in rows_a)
 
 
+def _torch_library(torch: Any) -> ctypes.CDLL:
+    """torch's own library (libtorch_cpu, where torch links MKL), loaded already."""
+    path = sorted(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.*")))
+    return ctypes.CDLL(path[0])
+
+
 _WALK_GEMMS: dict[np.dtype, int] = {}  # compute dtype -> its GEMM's address (the probe's)
 
 
@@ -194,8 +200,7 @@ def _probe_walk_gemm(torch: Any) -> bool:
     GEMM of another BLAS in the process would start a runtime of its own."""
     if not torch.backends.mkl.is_available():
         return False
-    path = sorted(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.*")))
-    lib = ctypes.CDLL(path[0])  # loaded already: the same handle
+    lib = _torch_library(torch)
     found = {}
     for dtype, name in ((np.float32, "sgemm_"), (np.float64, "dgemm_")):
         fn = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
@@ -209,6 +214,82 @@ def _probe_walk_gemm(torch: Any) -> bool:
             return False
         found[np.dtype(dtype)] = fn
     _WALK_GEMMS.update(found)
+    return True
+
+
+_PACKED_GEMM: dict[str, Any] = {}  # MKL's packed sgemm (the probe's): "size", "pack", "compute"
+
+
+def _pack_args(b: np.ndarray) -> tuple[np.ndarray, bytes, int]:
+    """b [K, N] as the packed GEMM's first operand (column-major b^T): (b, b"N", its row
+    stride) for contiguous rows, (b, b"T", its column stride) for the transposed view of a
+    C-contiguous matrix, else a C-contiguous copy."""
+    k, n = b.shape
+    if b.strides[1] == b.itemsize or n == 1:
+        return b, b"N", (b.strides[0] // b.itemsize if k > 1 else max(n, 1))
+    if b.strides[0] == b.itemsize or k == 1:
+        return b, b"T", (b.strides[1] // b.itemsize if n > 1 else max(k, 1))
+    return np.ascontiguousarray(b), b"N", n
+
+
+def _pack_rows(rows: int) -> int:
+    # MKL packs for one row by another, ten times slower path; products of one row read a
+    # matrix packed for two
+    return max(rows, 2)
+
+
+def packed_bytes(shape: tuple[int, int], rows: int) -> int:
+    """Bytes of a [K, N] float32 operand packed by MKL for products of at most ``rows`` rows,
+    with room to align it to 64 bytes."""
+    k, n = shape
+    i64 = ctypes.c_int64  # the integers as 64 bits: read alike by a 32- or 64-bit interface
+    size = _PACKED_GEMM["size"](b"A", ctypes.byref(i64(n)), ctypes.byref(i64(_pack_rows(rows))),
+                                ctypes.byref(i64(k)))  # fmt: skip
+    return int(size) + 64
+
+
+def pack_operand(b: np.ndarray, rows: int, buf: np.ndarray) -> np.ndarray:
+    """b [K, N] (float32) packed by MKL into ``buf`` (uint8, at least :func:`packed_bytes`),
+    returned as the operand of :func:`lstmgrad.fused.kernels.packed_matmul`: a [K, N] uint8
+    view with zero strides over the packed matrix (64-byte aligned)."""
+    k, n = b.shape
+    src, trans, ld = _pack_args(b)
+    start = (-buf.ctypes.data) % 64
+    dest = buf[start:]
+    i64 = ctypes.c_int64
+    _PACKED_GEMM["pack"](b"A", trans, ctypes.byref(i64(n)), ctypes.byref(i64(_pack_rows(rows))),
+                         ctypes.byref(i64(k)), ctypes.byref(ctypes.c_float(1.0)),
+                         ctypes.c_void_p(src.ctypes.data), ctypes.byref(i64(ld)),
+                         ctypes.c_void_p(dest.ctypes.data))  # fmt: skip
+    return np.lib.stride_tricks.as_strided(dest, shape=(k, n), strides=(0, 0))
+
+
+@_once
+def _probe_packed_gemm(torch: Any) -> bool:
+    """Whether torch's own library exports MKL's packed float32 GEMM (sgemm_pack_get_size,
+    sgemm_pack, sgemm_compute) and the step loops' products through it are right: small
+    integer products, exact, with the fixed operand dense or a transposed view, a's rows a
+    block of a wider array's, and fewer rows than packed for (variable lengths); checked
+    once a process."""
+    if not torch.backends.mkl.is_available():
+        return False
+    lib = _torch_library(torch)
+    names = ("sgemm_pack_get_size", "sgemm_pack", "sgemm_compute")
+    if not all(hasattr(lib, name) for name in names):
+        return False
+    size, pack, compute = (getattr(lib, name) for name in names)
+    size.restype, pack.restype = ctypes.c_size_t, None
+    _PACKED_GEMM.update(size=size, pack=pack, compute=ctypes.cast(compute, ctypes.c_void_p).value)
+    wide = np.arange(-9, 15, dtype=np.float32).reshape(6, 4)
+    w = np.arange(-6, 9, dtype=np.float32).reshape(3, 5)
+    for b in (w, w.T.copy().T):
+        packed = pack_operand(b, 3, np.empty(packed_bytes(b.shape, 3), np.uint8))
+        for a in (wide[1:4, :3], wide[2:3, :3]):
+            out = np.full((a.shape[0], 5), np.nan, np.float32)
+            walk_product(_PACKED_GEMM["compute"], a, packed, out, *gemm_scratch(out))
+            if not np.array_equal(out, a @ b):
+                _PACKED_GEMM.clear()
+                return False
     return True
 
 
@@ -268,6 +349,7 @@ class TorchGemm:
         self._onednn = private_ops_allowed() and _probe_onednn(torch)
         self._mkl = private_ops_allowed() and _probe_mkl(torch)
         self._walk_gemm = private_ops_allowed() and _probe_walk_gemm(torch)
+        self._packed_gemm = self._walk_gemm and _probe_packed_gemm(torch)
 
     def product_methods(self, dtype: np.dtype) -> tuple[str, ...]:
         if self._onednn and np.dtype(dtype) == np.float32:
@@ -365,11 +447,20 @@ class TorchGemm:
     def threads(self) -> int:
         return torch_threads()
 
-    def walk_gemm(self, dtype: np.dtype) -> int:
+    def walk_gemm(self, dtype: np.dtype, packed: bool = False) -> int:
+        if packed:  # MKL packs float32 only
+            ok = self._packed_gemm and np.dtype(dtype) == np.float32
+            return int(_PACKED_GEMM["compute"]) if ok else 0
         return _WALK_GEMMS.get(np.dtype(dtype), 0) if self._walk_gemm else 0
 
     def walk_operand(self, b: np.ndarray, /) -> np.ndarray:
         return b
+
+    def walk_pack_bytes(self, shape: tuple[int, int], rows: int) -> int:
+        return packed_bytes(shape, rows) if self._packed_gemm else 0
+
+    def walk_pack(self, b: np.ndarray, rows: int, buf: np.ndarray) -> np.ndarray:
+        return pack_operand(b, rows, buf)
 
     def convert(self, dst: np.ndarray, src: np.ndarray, /) -> bool:
         # torch's copy (vectorised, on its threads), where it rounds as the kernels do; NumPy
@@ -392,8 +483,7 @@ def _probe_bf16_gemm(torch: Any) -> bool:
     checked once a process."""
     if not (native_bfloat16() and torch.backends.mkl.is_available()):
         return False
-    path = sorted(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.*")))
-    fn = getattr(ctypes.CDLL(path[0]), "GEMM_BF16BF16F32", None)
+    fn = getattr(_torch_library(torch), "GEMM_BF16BF16F32", None)
     if fn is None:
         return False
     fn.restype = None
@@ -482,10 +572,11 @@ class TorchBf16Gemm(TorchGemm):
         _bf16_mm(self._torch, at, b, out)
         return out
 
-    def walk_gemm(self, dtype: np.dtype) -> int:
+    def walk_gemm(self, dtype: np.dtype, packed: bool = False) -> int:
         # the one-call step loops call MKL's bfloat16 GEMM, rounding their row operand
-        # (fused.kernels.walk_product), never the Numba loop (float32 products)
-        if np.dtype(dtype) != np.float32:
+        # (fused.kernels.walk_product), never the Numba loop (float32 products) nor the
+        # packed float32 GEMM
+        if packed or np.dtype(dtype) != np.float32:
             return 0
         return ctypes.cast(_BF16_GEMM[0], ctypes.c_void_p).value or 0
 

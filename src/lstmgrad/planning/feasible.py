@@ -8,12 +8,25 @@ from typing import Any
 import numpy as np
 
 from ..core.layout import Dims
-from ..fused.plan import CONVERSIONS, SAFE, WEIGHT_GRAD_LAYOUTS, Plan, compute_dtype
+from ..fused.plan import CONVERSIONS, SAFE, WALK_PRODUCTS, WEIGHT_GRAD_LAYOUTS, Plan, compute_dtype
 from . import openmp
 
 
 def _recurrent(method: str, gemm: Any, cd: np.dtype) -> str:
     return method if method in gemm.fixed_methods(cd) else "blas"
+
+
+def _walk_product(product: str, gemm: Any, cd: np.dtype) -> str:
+    """The walks' product where the back end has it: "packed" falls back to "library"; a back
+    end whose products the Numba loop does not compute alike (``loops`` False) always gets a
+    library product; one without a GEMM to call, the Numba loop."""
+    if not gemm.walk_gemm(cd):
+        return "loop"
+    if product == "packed" and gemm.walk_gemm(cd, True):
+        return "packed"
+    if product in WALK_PRODUCTS and product != "packed" and getattr(gemm, "loops", True):
+        return product
+    return "library"
 
 
 def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
@@ -31,8 +44,6 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     threads = allowed(plan.threads)
     pairs = plan.pair_walks and dims.D == 2 and cd == np.dtype(dtype) and threads >= 2
     walk = plan.walk and not pairs
-    # a back end whose products the Numba loop does not compute alike: its own GEMM always
-    loops = getattr(gemm, "loops", True)
     walk_rows = 1
     if pairs or walk:  # a thread per part: per direction of a pair, per block of rows
         dirs = 2 if pairs else 1
@@ -46,7 +57,7 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
         split_min=max(0, plan.split_min),
         pair_walks=pairs,
         walk=walk,
-        walk_product=(plan.walk_product if loops else "library") if gemm.walk_gemm(cd) else "loop",
+        walk_product=_walk_product(plan.walk_product, gemm, cd),
         walk_rows=walk_rows,
         fwd_walk=plan.fwd_walk,
         transpose_threads=allowed(plan.transpose_threads),

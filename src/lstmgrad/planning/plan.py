@@ -492,13 +492,29 @@ machine, so that tiny layers stay on one thread; beside busy processes the in-us
 moves a plan whose threads stall to one thread."""
 
 
+PACK_MIN_WEIGHTS = 1 << 16
+"""The default plan's cost model of the walks' product: W_hh is packed once a call (MKL's
+packed GEMM, "packed") where it has at least this many elements (H >= 128), a step's block
+has at least two rows and the call two steps. A plain GEMM packs its fixed operand anew every
+call; for a small W_hh that is cheap and the packed path's own cost is the larger (an Intel
+Xeon: 0.75-0.97x at H 64, 1.08x at H 100, 1.25-1.9x at H 200-1024, per product); one row
+is a matrix-vector product either way; the packing (about one product's time) is paid once."""
+
+
+def _walk_product(dims: Dims, cd: np.dtype, gemm: Any, rows: int) -> str:
+    """The default plan's walk product (:data:`PACK_MIN_WEIGHTS`), ``rows`` a block's rows."""
+    packs = 4 * dims.H * dims.H >= PACK_MIN_WEIGHTS and rows >= 2 and dims.T >= 2
+    return "packed" if packs and gemm.walk_gemm(cd, True) else "library"
+
+
 def default_plan(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     """The plan of a class not measured yet (LSTMGRAD_TUNE=on or cached), from the call's
     dimensions: each direction's step loop walks in one Numba call, with the back end's own
     product inside (no library call and no thread hand-off per step, which is what makes a
     per-step library plan collapse beside a busy process), its rows in blocks (one direction)
     or the two directions (two) on the usable threads where each part has the work to pay for
-    it (:data:`WALK_MIN_MACS`). A back end without such a product gets :data:`SAFE`.
+    it (:data:`WALK_MIN_MACS`); the product packs W_hh once where that pays
+    (:data:`PACK_MIN_WEIGHTS`). A back end without such a product gets :data:`SAFE`.
 
     On an Intel Xeon (2 cores) it was within 1.12x of the measured plan on the ten dense
     benchmark shapes, where SAFE was up to 1.95x slower, and 2-7x faster than SAFE with a busy
@@ -510,14 +526,15 @@ def default_plan(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
 
     usable = max(1, min(openmp.parallel_threads(), gemm.threads()))
     macs = dims.T * dims.B * 4 * dims.H * dims.H  # one direction's recurrent products
-    walk = dataclasses.replace(SAFE, walk=True, walk_product="library")
+    walk = dataclasses.replace(SAFE, walk=True, walk_product=_walk_product(dims, cd, gemm, dims.B))
     if dims.D == 2:
         if usable >= 2 and macs >= WALK_MIN_MACS:
             return dataclasses.replace(walk, pair_walks=True, threads=2)
         return walk
-    rows = max(1, min(usable, dims.B))
-    if rows > 1 and macs >= rows * WALK_MIN_MACS:
-        return dataclasses.replace(walk, threads=rows, walk_rows=rows)
+    blocks = max(1, min(usable, dims.B))
+    if blocks > 1 and macs >= blocks * WALK_MIN_MACS:
+        product = _walk_product(dims, cd, gemm, dims.B // blocks)
+        return dataclasses.replace(walk, threads=blocks, walk_rows=blocks, walk_product=product)
     return walk
 
 

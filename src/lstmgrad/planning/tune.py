@@ -322,7 +322,8 @@ def _recurrent_times(
 def _walk_product_times(gemm: Any, w_hh: np.ndarray, rows: int, cd: np.dtype) -> dict[str, float]:
     """Seconds of a walk's two recurrent products (the forward's and the backward's, [rows, H]
     x W_hh^T and [rows, 4H] x W_hh) on this thread: "loop" (the engine's Numba loop) and,
-    where the back end has one to call, "library" (its own GEMM: :meth:`Gemm.walk_gemm`)."""
+    where the back end has them to call, "library" (its own GEMM: :meth:`Gemm.walk_gemm`) and
+    "packed" (its packed GEMM, W_hh packed once, as a walk does for all its steps)."""
     from ..fused.walks import walk_products
 
     h = w_hh.shape[1]
@@ -330,13 +331,16 @@ def _walk_product_times(gemm: Any, w_hh: np.ndarray, rows: int, cd: np.dtype) ->
     w_t, w = np.ascontiguousarray(w_hh.T), np.ascontiguousarray(w_hh)
     a_fwd, a_bwd = _rand(rng, (rows, h), cd), _rand(rng, (rows, 4 * h), cd)
     out_fwd, out_bwd = np.empty((rows, 4 * h), cd), np.empty((rows, h), cd)
-    fns = {"loop": 0, "library": gemm.walk_gemm(cd)}
+    fns = {"loop": 0, "library": gemm.walk_gemm(cd), "packed": gemm.walk_gemm(cd, True)}
     times: dict[str, float] = {}
     for name, fn in fns.items():
         if name != "loop" and not fn:
             continue
-
-        bt, b = (gemm.walk_operand(w_t), gemm.walk_operand(w)) if fn else (w_t, w)
+        if name == "packed":
+            bufs = [np.empty(gemm.walk_pack_bytes(m.shape, rows), np.uint8) for m in (w_t, w)]
+            bt, b = (gemm.walk_pack(m, rows, buf) for m, buf in zip((w_t, w), bufs, strict=True))
+        else:
+            bt, b = (gemm.walk_operand(w_t), gemm.walk_operand(w)) if fn else (w_t, w)
 
         def run(reps: int, fn: int = fn, bt: np.ndarray = bt, b: np.ndarray = b) -> None:
             walk_products(fn, a_fwd, bt, out_fwd, a_bwd, b, out_bwd, reps)
