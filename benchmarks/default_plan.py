@@ -6,6 +6,9 @@ alternating rounds in one process; medians in ms and the ratios to the measured 
 
 Run it alone and beside a busy process (``python -c 'while True: pass' &``) to see both cases.
 Measures the shapes' classes into a temporary plan store (nothing of yours is touched).
+``--tune-busy N``: the measured plan's first use (where the planner may measure) runs beside
+N busy processes, the timed rounds on the quiet machine: the plan a first use on a loaded
+machine leaves in use, against the other two.
 """
 
 from __future__ import annotations
@@ -53,13 +56,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="the grid's shapes (lstmgrad.tools.workloads.grid_sample) instead")  # fmt: skip
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", metavar="PATH")
+    p.add_argument("--tune-busy", type=int, default=0, metavar="N",
+                   help="the measured plan's first use beside N busy processes (default 0)")  # fmt: skip
     args = p.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="lstmgrad-default-plan-"))
     by_name: dict = {s.id: s for s in SHAPES}
     if args.grid:  # the realistic grid: I = H, the LSTM alone
         by_name = {s.id: s for s in workloads.grid_sample()}
         args.shapes = args.shapes if "H" in args.shapes else ",".join(by_name)
-    out = {"load": os.getloadavg(), "cpu": lstmgrad.core.machine.cpu_model(), "shapes": {}}
+    out = {"load": os.getloadavg(), "cpu": lstmgrad.core.machine.cpu_model(),
+           "tune_busy": args.tune_busy, "shapes": {}}  # fmt: skip
     print(f"{'shape':22s} {'off ms':>9s} {'default ms':>11s} {'measured ms':>12s}  off/measured"
           "  default/measured")  # fmt: skip
     for name in args.shapes.split(","):
@@ -74,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
                            for shape in [(4 * s.H, width), (4 * s.H, s.H), (4 * s.H,), (4 * s.H,)]]  # fmt: skip
         kw = {"num_layers": s.L, "bidirectional": s.D == 2}
         for which in PLANS:  # warm-up; the measured plan is measured here
+            if which == "measured" and args.tune_busy:
+                with workloads.busy(args.tune_busy):
+                    time.sleep(3)  # the load average rises
+                    run(which, root, x, params, kw)
             run(which, root, x, params, kw)
         times: dict[str, list[float]] = {w: [] for w in PLANS}
         for r in range(args.rounds):

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -29,6 +31,7 @@ def store(monkeypatch, tmp_path):
     monkeypatch.setenv("LSTMGRAD_TUNE", "eager")
     monkeypatch.setenv("LSTMGRAD_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(plan, "machine_busy", lambda: False)
+    monkeypatch.setattr(plan, "others_cpus", lambda start: 0.0)  # whatever else runs here
     plan.forget()
     yield tmp_path
     plan.forget()
@@ -576,6 +579,42 @@ def test_measured_on_a_busy_machine_kept_for_this_process_only(store, monkeypatc
     _no_measuring(monkeypatch)  # but not measured again in this process
     plan._memo.clear()  # the remembered plans, not the measurements
     assert plan.plan_for(TINY, np.dtype(np.float32), NUMPY_GEMM) == got
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc/stat")
+def test_others_cpus_sees_a_busy_process_at_once():
+    """others_cpus counts another process's CPU time over the block (not this process's own
+    work), without waiting for the load average: a spinning child reads as about one CPU."""
+    import subprocess
+    import sys
+
+    from lstmgrad.core.machine import cpu_clock, others_cpus
+
+    start = cpu_clock()
+    sum(i * i for i in range(300_000))  # this process's own work is not the others'
+    own = others_cpus(start)
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)  # the child has started
+        start = cpu_clock()
+        time.sleep(1.0)
+        spinning = others_cpus(start)
+    finally:
+        child.kill()
+        child.wait()
+    assert spinning >= 0.5 and own < spinning  # (own: whatever else this machine runs)
+
+
+def test_a_measurement_beside_busy_processes_is_dropped(store, monkeypatch):
+    """Other processes kept the CPUs busy while a class was measured (the load average had not
+    risen yet): nothing is stored, and no measuring is tried again for a while."""
+    seen = []
+    monkeypatch.setattr(plan, "others_cpus", lambda start: seen.append(start) or 1.0)
+    got = plan.plan_for(TINY, np.dtype(np.float32), NUMPY_GEMM)
+    assert seen and not list(store.glob("wisdom-*.json"))
+    assert got == plan.feasible(plan.default_plan(TINY, np.dtype(np.float32), NUMPY_GEMM), TINY,
+                                np.dtype(np.float32), NUMPY_GEMM)  # fmt: skip
+    assert plan.budget.busy >= 1 and not plan.budget.allows("numpy")
 
 
 def test_store_round_trip_merge_and_clear(store):

@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import sys
+import time
 from typing import Any
 
 
@@ -92,6 +93,34 @@ def visible_cpus() -> int:
     if quota is not None:
         n = min(n, max(1, int(quota)))
     return max(1, n)
+
+
+def _cpus_busy_seconds() -> float | None:
+    """Busy seconds of all CPUs since boot (/proc/stat: every field but idle and iowait, steal
+    included); None where it cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def cpu_clock() -> tuple[float, float | None, float]:
+    """A reading for :func:`others_cpus`: (wall seconds, all CPUs' busy seconds, this process's
+    CPU seconds)."""
+    own = os.times()
+    return time.perf_counter(), _cpus_busy_seconds(), own.user + own.system
+
+
+def others_cpus(start: tuple[float, float | None, float]) -> float:
+    """CPUs other processes kept busy on average since ``start`` (:func:`cpu_clock`): all CPUs'
+    busy time less this process's, over the wall time; an instant measure where the load
+    average lags a minute behind. 0.0 where /proc/stat cannot be read."""
+    wall, busy, own = cpu_clock()
+    if busy is None or start[1] is None or wall <= start[0]:
+        return 0.0
+    return max(0.0, (busy - start[1]) - (own - start[2])) / (wall - start[0])
 
 
 def _env_threads(*names: str) -> int | None:

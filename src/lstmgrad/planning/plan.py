@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..core.layout import Dims
-from ..core.machine import fingerprint, fingerprint_key
+from ..core.machine import cpu_clock, fingerprint, fingerprint_key, others_cpus
 from ..fused.plan import (  # noqa: F401  (lstmgrad.fused.plan.Plan, .SAFE: public names)
     BIG_METHODS,
     CONVERSIONS,
@@ -414,6 +414,13 @@ robustness (no library call and no thread hand-off per step) is worth more than 
 5% is above the rounds' noise on a quiet machine."""
 
 
+OTHERS_MAX = 0.25
+"""A measurement during which other processes kept more than a quarter of a CPU busy on average
+(:func:`lstmgrad.core.machine.others_cpus`; a busy process takes a whole one, a quiet machine
+well under a hundredth) is dropped: their threads took time from the candidates', and a plan
+that wins beside them (one thread, no library calls) can lose by 2x on the quiet machine."""
+
+
 def _measure(store: Wisdom, cls: dict[str, Any], run: Any, m: str, kind: str) -> Any:
     """The stored entry of ``cls``, else ``run()`` measured now where the mode and budget allow
     and no other process holds the CPUs; stored only where they stayed free while it ran (a
@@ -430,11 +437,12 @@ def _measure(store: Wisdom, cls: dict[str, Any], run: Any, m: str, kind: str) ->
             budget.wait()
             return None
         t0 = time.perf_counter()
+        clock = cpu_clock()
         entry = run()
         took = time.perf_counter() - t0
         budget.measured += took
         budget.runs.append(took)
-        if machine_busy():
+        if machine_busy() or others_cpus(clock) > OTHERS_MAX:
             budget.wait()
             return None
         entry = {**entry, "took": took}  # the budget's expected cost
