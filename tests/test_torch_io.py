@@ -1135,3 +1135,37 @@ def test_lstmgrad_blas_torch_without_torch(monkeypatch):
     monkeypatch.setenv("LSTMGRAD_BLAS", "torch")
     with pytest.raises(ImportError, match="LSTMGRAD_BLAS=torch: PyTorch is not installed"):
         array_gemm()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16], ids=["f64", "f32", "f16"])
+@pytest.mark.parametrize("case", ["dense", "lengths-with-empty-steps"])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(walk=True, pair_walks=False, walk_product="packed"),
+        dict(walk=True, pair_walks=False, walk_rows=2, walk_product="library", threads=2),
+        dict(pair_walks=True, walk_product="loop", threads=2),
+        dict(walk=False, pair_walks=False, fwd_rec="blas"),
+        dict(walk=False, pair_walks=False, fwd_rec="loop", split_min=0, threads=2),
+    ],
+    ids=["walk-packed", "walk-rows", "pair-walks", "per-step", "per-step-split"],
+)
+def test_inference_forward_gives_the_training_forwards_bits(two_threads, dtype, case, fields):
+    """Without train the forward keeps one step's activations, a slot every step overwrites
+    (fused.walks.forward_walk): output, hy and cy are the training forward's bits under every
+    arrangement of the step loops (threads forced to two where one asks for them), for every
+    storage dtype, with batch sizes (empty steps included); nothing is returned as saved."""
+    t, b = 6, 4
+    x, hx, params, _, kw = make(dtype, num_layers=2, bidirectional=True, t=t, b=b, i=5, h=7)
+    bs = None
+    if case == "lengths-with-empty-steps":
+        bs = np.array([4, 0, 3, 3, 0, 1], dtype=np.int64)
+        x = x.reshape(t * b, -1)
+    fields = {**fields, "threads": two_threads if fields.get("threads") == 2 else 1}
+    args = (tensors(x), tensors(params), tensors(hx), tensors(bs))
+    with forced(**fields):
+        trained = lstmgrad.lstm_forward(*args, **kw)
+        inferred = lstmgrad.lstm_forward(*args, train=False, **kw)
+    assert trained.saved is not None and inferred.saved is None
+    for got, want in zip(inferred[:3], trained[:3], strict=True):
+        assert torch.equal(got, want)

@@ -238,14 +238,15 @@ def backward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> tuple[S
 def forward_bytes(call: ForwardCall, plan: Plan) -> int:
     """Memory the forward allocates besides its scratch (:func:`forward_workspace_slots`): the
     results (output, hy, cy, and the saved activations: every (layer, direction)'s with train,
-    else the set of the one being walked) and, for float16 storage, the input and masks
-    converted to float32."""
+    else one step's set for the one being walked) and, for float16 storage, the input and
+    masks converted to float32."""
     dims, dtype = call.dims, call.dtype
     cd = compute_dtype(dtype)
     kept = dims.K if call.train else (0 if cd != dtype else (2 if plan.pair_walks else 1))
     act = dims.T * dims.B * dims.H
+    kept_act = act if call.train else dims.B * dims.H  # without train: one step's slot
     out = dims.T * dims.B * dims.D * dims.H
-    total = (out + 2 * dims.K * dims.B * dims.H + 7 * kept * act) * np.dtype(dtype).itemsize
+    total = (out + 2 * dims.K * dims.B * dims.H + 7 * kept * kept_act) * np.dtype(dtype).itemsize
     if cd != dtype:
         masks = len(call.dropout_masks or []) * out
         total += (dims.T * dims.B * dims.I + masks) * cd.itemsize
@@ -322,12 +323,14 @@ class _ForwardRun:
          self.layer_in) = arena.take_all(slots)  # fmt: skip
         # the results in recycled allocations (workspace.block): output and states in one, the
         # saved activations in another, so that keeping the output alone does not pin them.
-        # Without train only the (layer, direction) being walked needs activations: one set
-        # (two for a pair; none for float16 storage, whose walks write the scratch acts_buf)
+        # Without train only the (layer, direction) being walked needs activations, and of one
+        # step, a slot every step overwrites (fused.walks.forward_walk): one set (two for a
+        # pair; none for float16 storage, whose walks write the scratch acts_buf)
         act = (dims.T, dims.B, dims.H)
         state = (dims.K, dims.B, dims.H)
         self.y, self.hy, self.cy = block([(dims.T, dims.B, dims.D * dims.H), state, state], dtype)
         kept = dims.K if call.train else (0 if cd != dtype else (2 if plan.pair_walks else 1))
+        kept_act = act if call.train else (1, dims.B, dims.H)
         if saved_into is not None and call.train:  # the caller's [7, K, T, B, H] block
             want = (7, dims.K, *act)
             if (
@@ -339,7 +342,7 @@ class _ForwardRun:
                                  f"{want}, got {saved_into.dtype} {saved_into.shape}")  # fmt: skip
             flat = list(saved_into.reshape(7 * kept, *act))
         else:
-            flat = block([act] * (7 * kept), dtype)
+            flat = block([kept_act] * (7 * kept), dtype)
         self.kept = kept
         self.saved = [flat[n * kept : (n + 1) * kept] for n in range(7)]
         self.cv = cv = _conversion(plan, gemm)
@@ -388,8 +391,8 @@ class _ForwardRun:
         if cd == dtype:  # the walks write the results themselves
             acts = tuple(self.saved[n][k % self.kept] for n in range(7))
             y_d = self.y[..., d * hidden : (d + 1) * hidden]
-        else:
-            acts = tuple(self.acts_buf)
+        else:  # the scratch: every step's with train, else one step's slot
+            acts = tuple(a if call.train else a[:1] for a in self.acts_buf)
             y_d = self.layer_in[..., d * hidden : (d + 1) * hidden]  # free once xp is packed
         if plan.fwd_walk and (plan.pair_walks or plan.walk):  # the loop in one call
             fn = _walk_gemm(plan, self.gemm, cd)
@@ -409,7 +412,7 @@ class _ForwardRun:
             rec = self.gemm.fixed(w_hh.T, plan.fwd_rec, batch, plan.transpose_threads)
             for t, n, off in st.walks[d]:
                 g_rec = rec(h[:n], gh[:n]) if n else gh  # in gh or the library's result
-                step_acts = tuple(a[t] for a in acts)
+                step_acts = tuple(a[min(t, len(a) - 1)] for a in acts)  # (one slot: no train)
                 _forward_step(plan, hidden, gx[off : off + n], g_rec, bias, h, c, n,
                               step_acts, y_d[t])  # fmt: skip
         self.hy[k], self.cy[k] = h, c  # a rounding point (docs/math.md)

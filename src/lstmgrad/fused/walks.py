@@ -59,18 +59,22 @@ def forward_walk(
     t, gh = h @ w_t on the block's active rows (w_t [H, 4H]: W_hh^T, C-contiguous, or W_hh.T
     itself where the library multiplies;
     kernels.walk_product, by the library GEMM at address ``fn`` where it is not 0) and
-    kernels.forward_step on gx's rows of the step and block."""
+    kernels.forward_step on gx's rows of the step and block. The saved activations s_* hold
+    every step ([T, B, H]) or one step's slot that all steps share ([1, B, H]: an inference
+    forward keeps none, and its writes stay in cache)."""
     ints, alpha_beta = gemm_scratch(gh)
+    last = s_i.shape[0] - 1
     for q in range(order.shape[0]):
         t = order[q]
+        ts = min(t, last)
         k = max(min(ns[t], r1) - r0, 0)  # the block's active rows: a prefix of it
         lo = offsets[t] + r0
         if k > 0:
             walk_product(fn, h[r0 : r0 + k], w_t, gh[r0 : r0 + k], ints, alpha_beta)
         forward_step(
             gx[lo : lo + k], gh[r0:r1], bias, h[r0:r1], c[r0:r1], k,
-            s_i[t][r0:r1], s_g[t][r0:r1], s_f[t][r0:r1], s_o[t][r0:r1], s_h[t][r0:r1],
-            s_c[t][r0:r1], s_tc[t][r0:r1], y[t][r0:r1],
+            s_i[ts][r0:r1], s_g[ts][r0:r1], s_f[ts][r0:r1], s_o[ts][r0:r1], s_h[ts][r0:r1],
+            s_c[ts][r0:r1], s_tc[ts][r0:r1], y[t][r0:r1],
         )  # fmt: skip
 
 
@@ -84,7 +88,7 @@ class ForwardWalk(NamedTuple):
     c: np.ndarray  # [B, H]
     gh: np.ndarray  # [B, 4H] scratch
     order: np.ndarray  # [T] walk order
-    # saved activations and output, [T, B, H] each
+    # saved activations, [T, B, H] each ([1, B, H]: one slot for all steps), and output [T, B, H]
     s_i: np.ndarray
     s_g: np.ndarray
     s_f: np.ndarray
