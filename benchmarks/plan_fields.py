@@ -6,12 +6,12 @@ least 5% (the bar a field must clear to stay in the plan).
     LSTMGRAD_CACHE_DIR=/path/to/cache python benchmarks/plan_fields.py [--json PATH]
 
 Wins are ratios of the tuner's own timings (safe choice / this value, > 1: this value faster):
-- big=onednn: the projection and dx products' seconds against blas's;
-- weight_grad=L: the weight gradient in layout L against the safe plan's ("rows2"; same method);
+- big=onednn: the projection, dx and weight gradient products' seconds against blas's;
 - transpose_threads=n: the transposing copy on n threads against one;
 - fwd_rec / bwd_rec=m: one step's recurrent product by m against blas (per call; a packed
   weight also pays its preparation once a direction);
 - walk_product=library: a walk's two products by the library's routine against the loop;
+- walk_product=packed: the same by the library's packed GEMM against its plain routine;
 - walk / walk_rows / pair_walks / threads+split_min: the short passes' forward + backward by
   that arrangement against one thread, library calls per step;
 - fwd_walk=False: the best walking arrangement with its forward as the library-per-step one;
@@ -28,7 +28,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from lstmgrad.fused.plan import SAFE
 from lstmgrad.planning.plan import WISDOM_FORMAT
 
 BAR = 1.05  # a value must win by this much somewhere to earn its place
@@ -49,12 +48,6 @@ def wins_of(cls: dict[str, Any], entry: dict[str, Any]) -> dict[str, float]:
         if isinstance(s, dict):
             if "onednn/products" in s and "blas/products" in s:
                 out["big=onednn"] = s["blas/products"] / s["onednn/products"]
-            method = entry["plan"]["big"]
-            safe = s.get(f"{method}/{SAFE.weight_grad}")
-            for key, v in s.items():
-                m, _, layout = key.partition("/")
-                if m == method and layout not in (SAFE.weight_grad, "products") and safe and v:
-                    out[f"weight_grad={layout}"] = safe / v
             one = s.get("transpose/1")
             for key, v in s.items():
                 n = key.split("/")[1] if key.startswith("transpose/") else ""
@@ -70,6 +63,8 @@ def wins_of(cls: dict[str, Any], entry: dict[str, Any]) -> dict[str, float]:
         walk = entry.get("walk_products", {})
         if walk.get("loop") and walk.get("library"):
             out["walk_product=library"] = walk["loop"] / walk["library"]
+        if walk.get("library") and walk.get("packed"):
+            out["walk_product=packed"] = walk["library"] / walk["packed"]
         passes = entry.get("passes", {})
         one = passes.get("one")
         names = {"walk": "walk", "split": "threads+split_min", "rows": "walk_rows",

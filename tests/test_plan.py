@@ -68,7 +68,7 @@ def test_plan_environment_variable_parsed(monkeypatch):
         ("split_min=-1", "split_min must be an integer >= 0"),
         ("fwd_rec=fast", "fwd_rec must be one of"),
         ("big=loop", "big must be one of ('blas', 'onednn')"),
-        ("weight_grad=cols", "weight_grad must be one of ('rows', 'nt', 'rows2')"),
+        ("weight_grad=rows", "'weight_grad'"),  # a field no longer in the plan
         ("pair_walks=maybe", "pair_walks must be true or false"),
         ("walk=2", "walk must be true or false"),
     ],
@@ -153,12 +153,12 @@ def test_feasible_replaces_what_the_call_cannot_run(monkeypatch):
     assert plan.feasible(Plan(threads=8), TINY, np.float32, NUMPY_GEMM).threads <= max(
         1, NUMPY_GEMM.threads()
     )  # never more than the BLAS itself may use
-    wild = Plan(big="onednn", weight_grad="nt", fwd_rec="packed", bwd_rec="onednn", threads=8,
-                split_min=5, pair_walks=True, transpose_threads=8)  # fmt: skip
+    wild = Plan(big="onednn", fwd_rec="packed", bwd_rec="onednn", threads=8, split_min=5,
+                pair_walks=True, transpose_threads=8)  # fmt: skip
     got = plan.feasible(wild, TINY, np.float32, gemm)
     # NumPy has no oneDNN or packed weights; one direction has no pairs; at most 2 threads
-    assert got == Plan(big="blas", weight_grad="nt", fwd_rec="blas", bwd_rec="blas", threads=2,
-                       split_min=5, pair_walks=False, transpose_threads=2)  # fmt: skip
+    assert got == Plan(big="blas", fwd_rec="blas", bwd_rec="blas", threads=2, split_min=5,
+                       pair_walks=False, transpose_threads=2)  # fmt: skip
     assert plan.feasible(wild, TINY_BI, np.float32, gemm).pair_walks
     # a walk runs anywhere, but the pair walks take precedence where they run
     walking = dataclasses.replace(wild, walk=True)
@@ -668,8 +668,7 @@ def _case(dtype, d, t=6, b=4, i=5, h=7, seed=3):
 
 
 NUMPY_PLANS = (
-    [dict(weight_grad=w) for w in plan.WEIGHT_GRAD_LAYOUTS]
-    + [dict(weight_grad="nt", transpose_threads=2)]
+    [dict(transpose_threads=2)]
     + [dict(fwd_rec=m, bwd_rec=m) for m in NUMPY_GEMM.fixed_methods(np.float32)]
     + [dict(threads=2, split_min=0), dict(threads=2, pair_walks=True), dict(walk=True)]
 )
@@ -697,15 +696,15 @@ def test_numpy_results_under_every_plan_field(fields, dtype):
         np.testing.assert_allclose(g, w, rtol=tol, atol=tol * scale)
 
 
-@pytest.mark.parametrize("layout", plan.WEIGHT_GRAD_LAYOUTS)
-def test_numpy_float16_storage_under_every_weight_gradient_layout(layout):
-    """float16 storage computes in float32 and rounds its results: every layout of the weight
-    gradient ("rows2" through float32 scratch) gives float16 results within float16's rounding
-    of the reference's, the same as the default plan's within one rounding."""
+@pytest.mark.parametrize("transpose_threads", [1, 2])
+def test_numpy_float16_storage_weight_gradient(transpose_threads):
+    """float16 storage computes in float32 and rounds its results: the weight gradient's two
+    products through float32 scratch give float16 results within float16's rounding of the
+    reference's, its conversions on one thread or two."""
     x, hx, params, dy, kw = _case(np.float16, d=2)
     fw = lstmgrad.lstm_forward(x, params, hx, **kw)
     args = (x, hx, params, dy, None, None, *fw.saved[:7])
-    with forced(weight_grad=layout):
+    with forced(transpose_threads=transpose_threads):
         got = lstmgrad.lstm_backward(*args, **kw)
     ref = lstmgrad.lstm_backward(*args, impl="reference", **kw)
     for g, w in zip(got.dparams, ref.dparams, strict=True):
@@ -715,7 +714,6 @@ def test_numpy_float16_storage_under_every_weight_gradient_layout(layout):
                                    atol=4e-3 * scale)  # fmt: skip
 
 
-@pytest.mark.parametrize("layout", plan.WEIGHT_GRAD_LAYOUTS)
 @pytest.mark.parametrize(
     "t,b,layers,d,strided",
     [
@@ -726,10 +724,10 @@ def test_numpy_float16_storage_under_every_weight_gradient_layout(layout):
         (3, 0, 2, 1, True),
     ],  # fmt: skip
 )
-def test_dense_steps_under_every_weight_gradient_layout(layout, t, b, layers, d, strided):
+def test_dense_steps_read_their_rows_in_place(t, b, layers, d, strided):
     """Dense steps (no batch_sizes) read the layer input, c_prev and dx's rows in place: the
-    forward and every requested gradient equal the reference's under each layout, for T = 1,
-    B = 1, an empty batch, stacked layers of one or two directions and a strided input."""
+    forward and every requested gradient equal the reference's, for T = 1, B = 1, an empty
+    batch, stacked layers of one or two directions and a strided input."""
     rng = np.random.default_rng(t * 10 + b)
     i, h = 5, 4
     params = []
@@ -749,10 +747,9 @@ def test_dense_steps_under_every_weight_gradient_layout(layout, t, b, layers, d,
         (False, False, False, True),
         (True, False, False, False),
     ]:
-        with forced(weight_grad=layout):
-            fw = lstmgrad.lstm_forward(x, params, hx, **kw)
-            got = lstmgrad.lstm_backward(x, hx, params, dy, None, None, *fw.saved[:7],
-                                         output_mask=mask, **kw)  # fmt: skip
+        fw = lstmgrad.lstm_forward(x, params, hx, **kw)
+        got = lstmgrad.lstm_backward(x, hx, params, dy, None, None, *fw.saved[:7],
+                                     output_mask=mask, **kw)  # fmt: skip
         want = lstmgrad.lstm_backward(x, hx, params, dy, None, None, *ref.saved[:7],
                                       output_mask=mask, impl="reference", **kw)  # fmt: skip
         np.testing.assert_allclose(fw.output, ref.output, rtol=1e-12, atol=1e-12)
@@ -856,42 +853,26 @@ def test_transposing_copy_timed_with_the_product_after_it(monkeypatch):
     assert timed == counts and entry["plan"]["transpose_threads"] in counts
 
 
-def test_big_class_copies_at_the_layers_rows():
-    """The transposing copy's class rows "R" follow the layer's rows (bucketed) up to
-    COPY_ELEMENTS of dG; the products' "N" stay at most BIG_ROWS."""
+def test_big_class_rows_are_bucketed_up_to_big_rows():
+    """The big products' class: the call's rows of all steps bucketed (a power of two), at
+    most BIG_ROWS; I and H as they are."""
     f32 = np.dtype(np.float32)
 
     def cls(t, b, h):
         return plan.big_class(Dims(T=t, B=b, I=h, H=h, L=1, D=1, has_bias=True), f32, "numpy")
 
-    assert (cls(3, 8, 16)["N"], cls(3, 8, 16)["R"]) == (32, 32)
-    assert (cls(100, 32, 256)["N"], cls(100, 32, 256)["R"]) == (plan.BIG_ROWS, 4096)
-    big = cls(100_000, 8, 256)
-    assert big["N"] == plan.BIG_ROWS and big["R"] * 4 * 256 == plan.COPY_ELEMENTS
-    wide = cls(50, 32, 1024)  # 1600 rows: bucket 2048, within the bound
-    assert wide["R"] == 2048 and wide["R"] * 4 * 1024 <= plan.COPY_ELEMENTS
+    assert cls(3, 8, 16) == {"what": "big", "kind": "numpy", "dtype": "float32", "N": 32,
+                             "I": 16, "H": 16}  # fmt: skip
+    assert cls(100, 32, 256)["N"] == cls(100_000, 8, 256)["N"] == plan.BIG_ROWS
 
 
-def test_copy_times_at_the_layers_rows():
-    cls = {"what": "big", "kind": "numpy", "dtype": "float32", "N": 32, "R": 128, "I": 8, "H": 8}
-    dg, dgt = np.ones((32, 32), np.float32), np.empty((32, 32), np.float32)
-    times = tune._copy_at_rows(cls, dg, dgt, 1)
-    assert set(times) == {"rows32", "rows128"} and all(0 < t < 1 for t in times.values())
-    assert tune._copy_at_rows({**cls, "R": 32}, dg, dgt, 1) == {}
-
-
-def test_slow_copies_at_the_layers_rows_rule_out_transposing_layouts(monkeypatch):
-    """Where the copy at the layer's rows costs far more per row than at the measured N, the
-    transposing layouts carry the difference and a layout without a copy wins."""
-    cls = {"what": "big", "kind": "numpy", "dtype": "float32", "N": 32, "R": 64, "I": 8, "H": 8}
-    monkeypatch.setattr(tune, "_copy_at_rows", lambda *a: {"rows32": 0.0, "rows64": 10.0})
+def test_big_products_time_the_weight_gradient_with_each_method():
+    """measure_big's per-method time holds the projection, dx and the weight gradient's two
+    products; its plan names the method, the copies' threads and the conversions only."""
+    cls = {"what": "big", "kind": "numpy", "dtype": "float32", "N": 32, "I": 8, "H": 8}
     entry = tune.measure_big(cls, NUMPY_GEMM)
-    extra = 10.0 * 32 / 64  # per N rows
-    seconds = {k.split("/")[1]: v for k, v in entry["seconds"].items() if k.startswith("blas/")}
-    assert seconds["nt"] >= extra
-    assert seconds["rows"] < 1 and seconds["rows2"] < 1
-    assert entry["plan"]["weight_grad"] in ("rows", "rows2")
-    assert entry["seconds"]["transpose/rows64"] == 10.0
+    assert set(entry["plan"]) == {"big", "transpose_threads", "convert"}
+    assert entry["plan"]["big"] == "blas" and 0 < entry["seconds"]["blas/products"] < 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -988,7 +969,7 @@ def test_default_plan_runs_an_unmeasured_class_to_the_reference(monkeypatch, tmp
 def _scripted_classes(monkeypatch, ratio):
     """Measurements that give TINY a plan other than the default (a one-call walk on NumPy,
     whose default is SAFE), and a gate that finds it ``ratio`` times as fast."""
-    monkeypatch.setattr(tune, "measure_big", lambda cls, gemm: {"plan": {"weight_grad": "nt"}})
+    monkeypatch.setattr(tune, "measure_big", lambda cls, gemm: {"plan": {"transpose_threads": 2}})
     monkeypatch.setattr(tune, "measure_steps", lambda cls, gemm: {"plan": {"walk": True}})
     gates = []
 
@@ -1007,7 +988,9 @@ def test_a_measured_plan_replaces_the_default_only_past_the_margin(store, monkey
     got = plan.plan_for(TINY, f32, NUMPY_GEMM)
     ((dims, default, measured),) = gates
     assert dims == dataclasses.replace(TINY, L=1) and default == SAFE
-    assert measured.walk and measured.weight_grad == "nt"
+    assert measured.walk and measured.transpose_threads == min(
+        2, NUMPY_GEMM.threads(), openmp.parallel_threads()
+    )
     assert got == (measured if wins else default)
     plan.forget()  # a later process reads the gate's decision, measures nothing
     _no_measuring(monkeypatch)

@@ -15,13 +15,10 @@ import plan_fields  # noqa: E402
 
 BIG = {"what": "big", "kind": "torch", "dtype": "float32", "N": 1024, "I": 64, "H": 64}
 BIG_ENTRY = {
-    "plan": {"big": "blas", "weight_grad": "nt", "transpose_threads": 2, "convert": "kernels"},
+    "plan": {"big": "blas", "transpose_threads": 2, "convert": "kernels"},
     "seconds": {
         "blas/products": 2.0,
         "onednn/products": 1.6,
-        "blas/rows2": 3.0,
-        "blas/nt": 2.0,
-        "blas/rows": 4.0,
         "transpose/1": 1.0,
         "transpose/2": 0.8,
     },  # fmt: skip
@@ -33,7 +30,7 @@ STEPS_ENTRY = {
         "fwd": {"blas": {"call": 2e-6}, "mkl": {"call": 1e-6}},
         "bwd": {"blas": {"call": 2e-6}, "loop": {"call": 4e-6}},
     },  # fmt: skip
-    "walk_products": {"loop": 3e-6, "library": 2e-6},
+    "walk_products": {"loop": 3e-6, "library": 2e-6, "packed": 1e-6},
     "passes": {"one": 1.0, "walk": 0.5, "split": 1.02, "pairs-loop": 2.0},
     "arrangement": {"phases": {"one": [0.4, 0.6], "walk": [0.2, 0.3]}},
 }
@@ -41,11 +38,11 @@ STEPS_ENTRY = {
 
 def test_wins_are_the_safe_choice_over_the_value():
     big = plan_fields.wins_of(BIG, BIG_ENTRY)
-    assert big == pytest.approx({"big=onednn": 1.25, "weight_grad=nt": 1.5,
-                                 "weight_grad=rows": 0.75, "transpose_threads=2": 1.25})  # fmt: skip
+    assert big == pytest.approx({"big=onednn": 1.25, "transpose_threads=2": 1.25})
     steps = plan_fields.wins_of(STEPS, STEPS_ENTRY)
     assert steps == pytest.approx({
-        "fwd_rec=mkl": 2.0, "bwd_rec=loop": 0.5, "walk_product=library": 1.5, "walk": 2.0,
+        "fwd_rec=mkl": 2.0, "bwd_rec=loop": 0.5, "walk_product=library": 1.5,
+        "walk_product=packed": 2.0, "walk": 2.0,
         "threads+split_min": 1 / 1.02, "pair_walks": 0.5,
         "fwd_walk=False": (0.2 + 0.3) / (0.4 + 0.3),  # walking backward, forward as "one"
     })  # fmt: skip
@@ -62,7 +59,7 @@ def test_the_table_counts_classes_and_wins_past_the_bar(tmp_path, monkeypatch, c
     out = tmp_path / "out.json"
     assert plan_fields.main(["--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["weight_grad=rows"]["won"] == [] and len(doc["weight_grad=nt"]["won"]) == 1
+    assert len(doc["big=onednn"]["won"]) == 1 and len(doc["walk_product=packed"]["won"]) == 1
     assert doc["big=onednn"]["classes"] == 1  # the older store's entries were left out
     assert doc["threads+split_min"]["won"] == [] and doc["walk"]["max"] == pytest.approx(2.0)
     assert "field=value" in capsys.readouterr().out

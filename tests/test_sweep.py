@@ -46,8 +46,8 @@ SAVED = ("i", "g", "f", "o", "h", "c", "tanhc")
 PLANS = [
     {},
     {"walk": True},
-    {"fwd_rec": "loop", "bwd_rec": "loop", "weight_grad": "rows2", "transpose_threads": 2},
-    {"fwd_rec": "blas_t", "bwd_rec": "blas_t", "weight_grad": "nt", "transpose_threads": 2},
+    {"fwd_rec": "loop", "bwd_rec": "loop", "transpose_threads": 2},
+    {"fwd_rec": "blas_t", "bwd_rec": "blas_t", "transpose_threads": 2},
     {"threads": 2, "split_min": 0},
     {"threads": 2, "pair_walks": True},
 ]

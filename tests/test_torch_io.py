@@ -66,11 +66,9 @@ SIZES = {
     # T*B >= 4H: more rows than the gates' width
     "tall": dict(t=14, b=16, i=48, h=56),
 }
-# (GEMM method of the big products, weight-gradient layout): every combination a plan can name
-# ("onednn" runs torch.mm where this torch build lacks it)
-BIG_LAYOUTS = [
-    (m, layout) for m in ("blas", "onednn") for layout in lstmgrad.planning.plan.WEIGHT_GRAD_LAYOUTS
-]
+# the GEMM methods of the big products a plan can name ("onednn" runs torch.mm where this torch
+# build lacks it)
+BIG_METHODS = lstmgrad.planning.plan.BIG_METHODS
 BATCH_SIZES = {
     "small": [3, 3, 2, 1],
     "onednn": [16, 13, 9, 2],
@@ -164,15 +162,16 @@ def test_gemms_run_on_torch(monkeypatch):
 
     monkeypatch.setattr(lstmgrad.ops.api, "torch_gemm", Counting)
     x, hx, params, dy, kw = make(np.float32, num_layers=1, bidirectional=False)
-    with lstmgrad.planning.plan.forced(weight_grad="rows", pair_walks=False):
+    with lstmgrad.planning.plan.forced(pair_walks=False):
         fw = lstmgrad.lstm_forward(tensors(x), tensors(params), tensors(hx), **kw)
         # the input projection, then one recurrent product per step
         assert calls == ["product"] + ["fixed"] * x.shape[0]
         calls.clear()
         lstmgrad.lstm_backward(tensors(x), tensors(hx), tensors(params), tensors(dy), None, None,
                                *fw.saved[:7], **kw)  # fmt: skip
-        # one recurrent product per step but the last (dh_prev needs it too), then dx and dW
-        assert calls == ["fixed"] * x.shape[0] + ["product"] * 2
+        # one recurrent product per step but the last (dh_prev needs it too), then dx, dW_ih
+        # and dW_hh
+        assert calls == ["fixed"] * x.shape[0] + ["product"] * 3
         calls.clear()
         lstmgrad.lstm_forward(x, params, hx, **kw)
         assert calls == []
@@ -243,32 +242,32 @@ def test_aclnn_mirror_writes_into_tensors(size):
     assert bad[0] == aclnn.ACLNN_ERR_PARAM_INVALID and "bfloat16" in aclnn.aclGetRecentErrMsg()
 
 
-@pytest.mark.parametrize("big,layout", BIG_LAYOUTS)
+@pytest.mark.parametrize("big", BIG_METHODS)
 @pytest.mark.parametrize("size", ["onednn", "tall"])
 @pytest.mark.parametrize(
     "mask", [(False, True, True, True), (True, False, False, True), (False, False, False, True)]
 )
-def test_weight_gradient_layouts_with_output_masks(size, mask, big, layout):
-    """Only the requested outputs, equal to the reference's, whatever the layout."""
+def test_weight_gradient_with_output_masks(size, mask, big):
+    """Only the requested outputs, equal to the reference's, whatever the method."""
     x, hx, params, dy, kw = make(np.float32, **SIZES[size])
     fw = lstmgrad.lstm_forward(x, params, hx, **kw)
     args = (x, hx, params, dy, hx[0], hx[1], *fw.saved[:7])
     want = lstmgrad.lstm_backward(*args, output_mask=mask, impl="reference", **kw)
-    for transpose_threads in (1, 2):  # the layouts' transposing copy on one and two threads
-        with forced(big=big, weight_grad=layout, transpose_threads=transpose_threads):
+    for transpose_threads in (1, 2):  # the transposing copies on one and two threads
+        with forced(big=big, transpose_threads=transpose_threads):
             got = lstmgrad.lstm_backward(*[tensors(a) for a in args], output_mask=mask, **kw)
         assert_backward_close(got, want, 2e-5)
 
 
-@pytest.mark.parametrize("big,layout", BIG_LAYOUTS)
+@pytest.mark.parametrize("big", BIG_METHODS)
 @pytest.mark.parametrize("size", ["small", "onednn", "tall"])
-def test_weight_gradient_layouts_keep_float16_storage(size, big, layout):
-    """float16 storage computes in float32: the weight gradients of every layout come back
-    float16, rounded, as the NumPy path's."""
+def test_weight_gradient_keeps_float16_storage(size, big):
+    """float16 storage computes in float32: the weight gradients come back float16, rounded,
+    as the NumPy path's."""
     x, hx, params, dy, kw = make(np.float16, **SIZES[size])
     fw = lstmgrad.lstm_forward(x, params, hx, **kw)
     want = lstmgrad.lstm_backward(x, hx, params, dy, None, None, *fw.saved[:7], **kw)
-    with forced(big=big, weight_grad=layout, fwd_rec="loop", bwd_rec="loop"):
+    with forced(big=big, fwd_rec="loop", bwd_rec="loop"):
         got = lstmgrad.lstm_backward(
             tensors(x), tensors(hx), tensors(params), tensors(dy), None, None,
             *[tensors(s) for s in fw.saved[:7]], **kw,
@@ -278,12 +277,12 @@ def test_weight_gradient_layouts_keep_float16_storage(size, big, layout):
         assert_close(g.float(), w.astype(np.float32), 4e-3)  # a few float16 steps
 
 
-@pytest.mark.parametrize("big,layout", BIG_LAYOUTS)
+@pytest.mark.parametrize("big", BIG_METHODS)
 @pytest.mark.parametrize("size", ["onednn", "tall"])
-def test_weight_gradient_layouts_with_dropout_masks_and_any_lengths(size, big, layout):
-    """The "nt" and "rows2" layouts of the weight gradient pack the layers' inputs their own way,
-    dropout masks applied, for any batch_sizes (unsorted too): the same gradients as NumPy's
-    GEMMs, and as the reference."""
+def test_weight_gradient_with_dropout_masks_and_any_lengths(size, big):
+    """The weight gradient packs the layers' inputs (dropout masks applied) for any batch_sizes
+    (unsorted too), or reads them in place: the same gradients as NumPy's GEMMs, and as the
+    reference."""
     x, hx, params, dy, kw = make(np.float32, num_layers=3, **SIZES[size])
     rng = np.random.default_rng(5)
     t, b = x.shape[:2]
@@ -296,7 +295,7 @@ def test_weight_gradient_layouts_with_dropout_masks_and_any_lengths(size, big, l
         args = (xs, hx, params, dys, hx[0], hx[1], *fw.saved[:7], bs)
         want = lstmgrad.lstm_backward(*args, dropout_masks=masks, **kw2)
         ref = lstmgrad.lstm_backward(*args, dropout_masks=masks, impl="reference", **kw2)
-        with forced(big=big, weight_grad=layout):
+        with forced(big=big):
             got = lstmgrad.lstm_backward(
                 *[tensors(a) for a in args], dropout_masks=tensors(masks), **kw2
             )

@@ -202,35 +202,29 @@ def forward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> tuple[Sl
 def backward_workspace_slots(dims: Dims, dtype: np.dtype, plan: Plan) -> tuple[Slot, ...]:
     """Scratch of the backward (compute dtype cd) under ``plan``.
 
-    xh [N, max(I, D*H) + H] packed [layer input | h_prev] (the "rows2" layout: the two one
-    after the other, each dense); dg [P, N, 4H] gate gradients; cp
-    [P, N, H] packed c_prev; dw [4H, max(I, D*H) + H] ("rows"; "rows2" of float16 storage); dh, dc [P, B, H]; dx [D, N, max(I, D*H)]
-    each direction's dx; dy [T, B, D*H] the gradient of the layer's output; acts [7, T, B, H] the
-    saved activations in cd (float16 storage only); dgt [4H, N] dg transposed, where it is "nt"
-    (no dw where it is "rows2" of float32/float64: its products write the results themselves);
-    db [P, B, 4H] each row's bias gradient (with bias).
-    P = 2 where the two directions walk at once, else 1.
+    xh [N, max(I, D*H) + H] the packed layer input [N, I_l] then h_prev [N, H], each dense
+    (the weight gradient's two products read them); dg [P, N, 4H] gate gradients; cp [P, N, H]
+    packed c_prev; dw [4H, max(I, D*H) + H] the weight gradient before rounding (float16 storage
+    only: otherwise its products write the results themselves); dh, dc [P, B, H]; dx [D, N,
+    max(I, D*H)] each direction's dx; dy [T, B, D*H] the gradient of the layer's output; acts
+    [7, T, B, H] the saved activations in cd (float16 storage only); db [P, B, 4H] each row's
+    bias gradient (with bias). P = 2 where the two directions walk at once, else 1.
     """
     cd = compute_dtype(dtype)
     t, b, h = dims.T, dims.B, dims.H
     n, width = t * b, max(dims.I, dims.D * h)
     acts = (7, t, b, h) if cd != dtype else (0,)
-    layout = plan.weight_grad
     p = 2 if plan.pair_walks else 1
     return (
         ((n, width + h), cd),
         ((p, n, 4 * h), cd),
         ((p, n, h), cd),
-        (
-            (4 * h, width + h) if layout == "rows" or (layout == "rows2" and cd != dtype) else (0,),
-            cd,
-        ),
+        ((4 * h, width + h) if cd != dtype else (0,), cd),
         ((p, b, h), cd),
         ((p, b, h), cd),
         ((dims.D, n, width), cd),
         ((t, b, dims.D * h), cd),
         (acts, cd),
-        ((4 * h, n) if layout == "nt" else (0,), cd),
         ((p, b, 4 * h) if dims.has_bias else (p, 1, 1), cd),
     )
 
@@ -432,15 +426,14 @@ class _ForwardRun:
             self.hy[layer * 2 + d], self.cy[layer * 2 + d] = self.h_buf[d], self.c_buf[d]
 
 
-def _gather(call: BackwardCall, st: _Steps, k: int, acts: tuple, hp: np.ndarray, hp_col: int,
+def _gather(call: BackwardCall, st: _Steps, k: int, acts: tuple, hp: np.ndarray,
             cp: np.ndarray, with_h: bool = True, with_c: bool = True) -> None:  # fmt: skip
-    """The packed previous states of (layer, direction) k (docs/math.md B1): h_prev into
-    hp[:, hp_col:] (where ``with_h``), c_prev into cp (where ``with_c``;
-    kernels.gather_prev)."""
+    """The packed previous states of (layer, direction) k (docs/math.md B1): h_prev into hp
+    (where ``with_h``), c_prev into cp (where ``with_c``; kernels.gather_prev)."""
     cd = cp.dtype
     kernels.gather_prev(
         acts[4], acts[5], _c(call.h0[k], cd), _c(call.c0[k], cd), st.ns, st.offsets,
-        st.orders[k % call.dims.D], hp, hp_col, cp, with_h, with_c,
+        st.orders[k % call.dims.D], hp, 0, cp, with_h, with_c,
     )  # fmt: skip
 
 
@@ -520,38 +513,27 @@ def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.
 
 
 def _weight_grads(call: BackwardCall, plan: Plan, gemm: Gemm, layer: int, dr: _Direction,
-                  xh: np.ndarray, x_rows: np.ndarray, h_rows: np.ndarray, bufs: dict,
+                  x_rows: np.ndarray, h_rows: np.ndarray, dw_buf: np.ndarray,
                   dparams: list) -> None:  # fmt: skip
-    """dW_ih and dW_hh (one [4H, I_l + H] GEMM from xh = [x | h_prev]; two in the "rows2"
-    layout, from the layer input's rows x_rows and h_prev's h_rows, each into its result) and
-    the biases of one direction."""
-    dims, dtype, layout = call.dims, call.dtype, plan.weight_grad
-    width, n_rows = dims.layer_input_size(layer), dr.dg.shape[0]
+    """dW_ih and dW_hh of one direction, two products from the layer input's rows x_rows and
+    h_prev's h_rows, each written into its result (float16 results: into dw_buf, then
+    rounded), and its biases."""
+    dims, dtype = call.dims, call.dtype
+    width = dims.layer_input_size(layer)
     i_ih, i_hh = dims.index(layer, dr.k % dims.D, W_IH), dims.index(layer, dr.k % dims.D, W_HH)
-    if layout == "nt":  # dG transposed
-        walks.transpose_cols(dr.dg.reshape(-1), dims.G, n_rows, 0, dims.G, bufs["dgt_flat"],
-                             plan.transpose_threads)  # fmt: skip
-        dgt = _dense(bufs["dgt"], dims.G, n_rows)
-    cv = _conversion(plan, gemm)
-    if layout == "rows2" and dtype == xh.dtype:  # results in the compute dtype: written in
+    if dtype == x_rows.dtype:  # results in the compute dtype: written in
         product_into(gemm, dr.dg.T, x_rows, dparams[i_ih], plan.big)
         product_into(gemm, dr.dg.T, h_rows, dparams[i_hh], plan.big)
-    elif layout == "rows2":  # float16 results: each product into scratch, then rounded
+    else:  # float16 results: each product into scratch, then rounded
+        cv = _conversion(plan, gemm)
         size = dims.G * width
-        flat = bufs["dw"].reshape(-1)
+        flat = dw_buf.reshape(-1)
         dw_ih = flat[:size].reshape(dims.G, width)
         dw_hh = flat[size : size + dims.G * dims.H].reshape(dims.G, dims.H)
         product_into(gemm, dr.dg.T, x_rows, dw_ih, plan.big)
         product_into(gemm, dr.dg.T, h_rows, dw_hh, plan.big)
         half.assign(dparams[i_ih], dw_ih, cv)
         half.assign(dparams[i_hh], dw_hh, cv)
-    else:
-        if layout == "nt":
-            dw = gemm.nt(dgt, xh, plan.big)
-        else:
-            dw = gemm.product(dr.dg.T, xh, _dense(bufs["dw"], dims.G, width + dims.H), plan.big)
-        half.assign(dparams[i_ih], dw[:, :width], cv)
-        half.assign(dparams[i_hh], dw[:, width:], cv)
     if dr.with_db:  # the rows' sums from the step kernels, added up in row order
         db = dr.db.sum(axis=0)
         dparams[dims.index(layer, dr.k % dims.D, B_IH)][...] = db
@@ -575,7 +557,7 @@ def _layer_input_rows(call: BackwardCall, st: _Steps, layer: int, masks: list | 
 def _pack_layer_input(call: BackwardCall, st: _Steps, layer: int, masks: list | None,
                       xh: np.ndarray, how: half.Conversion) -> None:  # fmt: skip
     """The layer's input (x, or the dropped-out output of the layer below), packed, into
-    xh[:, :I_l] (float16 converted as ``how`` says)."""
+    xh [N, I_l] (float16 converted as ``how`` says)."""
     dims, cd, hidden = call.dims, xh.dtype, call.dims.H
     if layer == 0:
         kernels.pack_rows(_in(call.x, cd, how), st.ns, st.offsets, xh, 0)
@@ -616,12 +598,11 @@ def lstm_backward(
 
 
 class _Rows:
-    """A layer's rows for the weight gradient: ``xh`` the layout's matrix ([x | h_prev], or x
-    alone in the "rows2" layout), h_prev written into ``hp`` from column ``hp_col``,
-    and the views ``x_rows`` (the layer input) and ``h_rows`` (h_prev)."""
+    """A layer's rows for the weight gradient: ``x_rows`` the layer input (packed into scratch,
+    or its own rows where they need no packing) and ``hp`` h_prev (gathered into scratch)."""
 
-    def __init__(self, xh, hp, hp_col, x_rows, h_rows) -> None:  # type: ignore[no-untyped-def]
-        self.xh, self.hp, self.hp_col, self.x_rows, self.h_rows = xh, hp, hp_col, x_rows, h_rows
+    def __init__(self, x_rows: np.ndarray, hp: np.ndarray) -> None:
+        self.x_rows, self.hp = x_rows, hp
 
 
 class _BackwardRun:
@@ -635,11 +616,9 @@ class _BackwardRun:
         self.cd = cd = compute_dtype(dtype)
         self.st = _steps(dims, call.mask)
         slots = backward_workspace_slots(dims, dtype, plan)
-        (self.xh_buf, self.dg_buf, self.cp_buf, dw_buf, self.dh_buf, self.dc_buf, self.dx_buf,
-         self.dy_buf, self.acts_buf, dgt_buf,
-         self.db_buf) = arena.take_all(slots)  # fmt: skip
+        (self.xh_buf, self.dg_buf, self.cp_buf, self.dw_buf, self.dh_buf, self.dc_buf,
+         self.dx_buf, self.dy_buf, self.acts_buf, self.db_buf) = arena.take_all(slots)  # fmt: skip
         self.with_db = need_dw and dims.has_bias
-        self.bufs = {"dw": dw_buf, "dgt": dgt_buf, "dgt_flat": dgt_buf.reshape(-1)}
         self.xh_flat = self.xh_buf.reshape(-1)
         # every result in one (recycled) allocation: see workspace.block
         state = (dims.K, dims.B, dims.H)
@@ -659,24 +638,18 @@ class _BackwardRun:
     def layer_rows(self, layer: int) -> _Rows:
         """The layer's rows for the weight gradient; where it is wanted, the layer input packed
         into them (or its own rows, where they need no packing)."""
-        call, st, plan = self.call, self.st, self.plan
+        call, st = self.call, self.st
         width, hidden, n_rows = call.dims.layer_input_size(layer), call.dims.H, st.total
-        xh = _dense(self.xh_buf, n_rows, width + hidden)  # [x | h_prev]
-        hp, hp_col = xh, width
-        if plan.weight_grad == "rows2":  # x [N, I_l] then h_prev [N, H], each dense
-            xh = _dense(self.xh_buf, n_rows, width)
-            hp = self.xh_flat[n_rows * width : n_rows * (width + hidden)].reshape(n_rows, hidden)
-            hp_col = 0
-        rows = _Rows(xh, hp, hp_col, xh[:, :width], hp[:, hp_col : hp_col + hidden])
+        x = _dense(self.xh_buf, n_rows, width)  # x [N, I_l] then h_prev [N, H], each dense
+        hp = self.xh_flat[n_rows * width : n_rows * (width + hidden)].reshape(n_rows, hidden)
+        rows = _Rows(x, hp)
         if not call.need[3]:
             return rows
-        direct = None
-        if plan.weight_grad == "rows2":
-            direct = _layer_input_rows(call, st, layer, self.masks, self.cd, self.cv)
+        direct = _layer_input_rows(call, st, layer, self.masks, self.cd, self.cv)
         if direct is not None:
             rows.x_rows = direct
         else:
-            _pack_layer_input(call, st, layer, self.masks, xh, self.cv)
+            _pack_layer_input(call, st, layer, self.masks, x, self.cv)
         return rows
 
     def directions(self, layer: int) -> list[_Direction]:
@@ -705,7 +678,7 @@ class _BackwardRun:
         pair: list[walks.BackwardWalk] = []
         for dr in dirs:  # c_prev for the walks
             if not st.dense:  # else the walks read c_prev where it is saved
-                _gather(call, st, dr.k, dr.acts, rows.hp, rows.hp_col, dr.cp, with_h=False)
+                _gather(call, st, dr.k, dr.acts, rows.hp, dr.cp, with_h=False)
             _initial_grads(call, dr)
             w_hh = _c(call.params[call.dims.index(layer, dr.k % 2, W_HH)], cd, self.cv)
             w = _walk_operand(self.plan, self.gemm, fn, w_hh, call.dims.B, len(pair))
@@ -739,12 +712,12 @@ class _BackwardRun:
                     half.assign(self.acts_buf[n_], s[dr.k], cv)
             c_packed = not st.dense  # else the steps read c_prev where it is saved
             if need_dw or c_packed:
-                _gather(call, st, dr.k, dr.acts, rows.hp, rows.hp_col, dr.cp, need_dw, c_packed)
+                _gather(call, st, dr.k, dr.acts, rows.hp, dr.cp, need_dw, c_packed)
             _initial_grads(call, dr)
             w_hh = _c(call.params[dims.index(layer, d, W_HH)], cd, cv)  # [4H, H]
             _walk_back(call, plan, self.gemm, st, w_hh, dr, self.dy is not None)
         elif need_dw:  # this direction's h_prev (the directions share hp)
-            _gather(call, st, dr.k, dr.acts, rows.hp, rows.hp_col, dr.cp, with_c=False)
+            _gather(call, st, dr.k, dr.acts, rows.hp, dr.cp, with_c=False)
         if self.dh_prev is not None:
             self.dh_prev[dr.k] = dr.dh
         if self.dc_prev is not None:
@@ -757,8 +730,8 @@ class _BackwardRun:
                 dx_dense = dx_rows
             dx_part = self.gemm.product(dr.dg, w_ih, dx_dense, plan.big)  # [N, I_l]
         if self.dparams is not None:
-            _weight_grads(call, plan, self.gemm, layer, dr, rows.xh, rows.x_rows, rows.h_rows,
-                          self.bufs, self.dparams)  # fmt: skip
+            _weight_grads(call, plan, self.gemm, layer, dr, rows.x_rows, rows.hp, self.dw_buf,
+                          self.dparams)  # fmt: skip
         return dx_part
 
     def layer_dx(self, layer: int, dx_parts: list, dx_rows: np.ndarray | None) -> None:

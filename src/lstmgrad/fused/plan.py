@@ -16,12 +16,9 @@ import numpy as np
 class Plan:
     """How the fused engine runs one call.
 
-    big: GEMM method of the input projection, dx and the weight gradient ("blas" or "onednn");
-    weight_grad: layout of dW = dG^T [x | h_prev] ("rows": from the rows of [x | h_prev];
-    "nt": from dG transposed; "rows2": as "rows" in two products written into the results,
-    through float32 scratch where float16 results are rounded from it; the safe choice: it
-    copies no [4H, I + H] result, and was never over 1-2% slower than "rows" on an Intel Xeon,
-    1.8x faster at H 1500); fwd_rec / bwd_rec: method
+    big: GEMM method of the input projection, dx and the weight gradient ("blas" or "onednn";
+    the weight gradient is two products, dG^T x and dG^T h_prev, written into dW_ih and
+    dW_hh); fwd_rec / bwd_rec: method
     of the forward's / backward's recurrent product per step (a :meth:`Gemm.fixed` method:
     "blas", "blas_t", "loop", "onednn", "packed", "mkl"); threads: threads of the step kernels (1: one
     thread); split_min: the smallest step (active rows * H) whose kernel splits over them;
@@ -38,15 +35,14 @@ class Plan:
     (with walk or pair_walks; a row's steps do not depend on the other rows); fwd_walk: the
     forward walks too (False: only the backward does, the forward calls the library per step
     as fwd_rec, threads and split_min say);
-    transpose_threads: threads of the transposing copy the "nt" layouts make, of the
-    recurrent weight's where its product's preparation makes one (:meth:`Gemm.fixed`), and of
-    the float16 <-> float32 conversions of float16 storage (element-wise copies like it);
+    transpose_threads: threads of the recurrent weight's transposing copy where its product's
+    preparation makes one (:meth:`Gemm.fixed`), and of the float16 <-> float32 conversions of
+    float16 storage (element-wise copies like it);
     convert: what runs those conversions ("kernels": the engine's, on transpose_threads;
     "library": the GEMM back end's own, :meth:`Gemm.convert`, where it has one).
     """
 
     big: str = "blas"
-    weight_grad: str = "rows2"
     fwd_rec: str = "blas"
     bwd_rec: str = "blas"
     threads: int = 1
@@ -69,11 +65,6 @@ kernels (the libraries thread their GEMMs as they are told), nothing that could 
 pools spinning against each other. Correct and safe on any machine."""
 
 
-# "tn" (from [x | h_prev] transposed) was removed: it never won on the grid (Intel Xeon, best
-# 0.85x of "rows"; benchmarks/plan_fields.py)
-# "nt2" (two products from dG transposed) was removed: against "rows2" it never won on the grid
-# (Intel Xeon, best 0.93x; benchmarks/plan_fields.py)
-WEIGHT_GRAD_LAYOUTS = ("rows", "nt", "rows2")
 BIG_METHODS = ("blas", "onednn")
 RECURRENT_METHODS = ("blas", "blas_t", "loop", "onednn", "packed", "mkl")
 CONVERSIONS = ("kernels", "library")

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..core.layout import Dims
-from ..fused.plan import CONVERSIONS, SAFE, WALK_PRODUCTS, WEIGHT_GRAD_LAYOUTS, Plan, compute_dtype
+from ..fused.plan import CONVERSIONS, WALK_PRODUCTS, Plan, compute_dtype
 from . import openmp
 
 
@@ -36,7 +36,6 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     through one scratch)."""
     cd = compute_dtype(dtype)
     big = plan.big if plan.big in gemm.product_methods(cd) else "blas"
-    layout = plan.weight_grad if plan.weight_grad in WEIGHT_GRAD_LAYOUTS else SAFE.weight_grad
 
     def allowed(n: int) -> int:  # never more than the library itself is allowed
         return min(n, openmp.parallel_threads(), gemm.threads()) if n > 1 else 1
@@ -50,7 +49,6 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
         walk_rows = max(1, min(plan.walk_rows, allowed(plan.walk_rows * dirs) // dirs))
     return Plan(
         big=big,
-        weight_grad=layout,
         fwd_rec=_recurrent(plan.fwd_rec, gemm, cd),
         bwd_rec=_recurrent(plan.bwd_rec, gemm, cd),
         threads=threads,

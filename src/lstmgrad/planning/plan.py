@@ -46,7 +46,6 @@ from ..fused.plan import (  # noqa: F401  (lstmgrad.fused.plan.Plan, .SAFE: publ
     RECURRENT_METHODS,
     SAFE,
     WALK_PRODUCTS,
-    WEIGHT_GRAD_LAYOUTS,
     Plan,
     compute_dtype,
 )
@@ -60,9 +59,8 @@ _forced: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
 )
 
 
-_CHOICES = {"big": BIG_METHODS, "weight_grad": WEIGHT_GRAD_LAYOUTS, "fwd_rec": RECURRENT_METHODS,
-            "bwd_rec": RECURRENT_METHODS, "convert": CONVERSIONS,
-            "walk_product": WALK_PRODUCTS}  # fmt: skip
+_CHOICES = {"big": BIG_METHODS, "fwd_rec": RECURRENT_METHODS, "bwd_rec": RECURRENT_METHODS,
+            "convert": CONVERSIONS, "walk_product": WALK_PRODUCTS}  # fmt: skip
 
 
 def _checked(where: str, name: str, value: Any) -> Any:
@@ -277,22 +275,12 @@ BIG_ROWS = 1024
 few hundred, and this bounds a measurement's time by the layer's width, not its length."""
 
 
-COPY_ELEMENTS = 1 << 23
-"""The most elements the transposing copy is measured with. Unlike a product's, a copy's time
-per row grows as its arrays outgrow the caches, so it is measured at the rows the layer has,
-up to this bound (32 MiB of float32 each way)."""
-
-
 def big_class(dims: Dims, dtype: np.dtype, kind: str) -> dict[str, Any]:
     """The shape class of the big products' measurements: rows of all steps (bucketed, at
-    most :data:`BIG_ROWS` for the products, "R" for the transposing copy at most
-    :data:`COPY_ELEMENTS` of dG), the input size, hidden size."""
-    rows = bucket(dims.T * dims.B)
-    copy_rows = max(1, COPY_ELEMENTS // (4 * dims.H))
-    copy_rows = 1 << (copy_rows.bit_length() - 1)  # a power of two, as the buckets are
-    n = min(rows, BIG_ROWS)
-    return {"what": "big", "kind": kind, "dtype": str(compute_dtype(dtype)),
-            "N": n, "R": max(n, min(rows, copy_rows)), "I": dims.I, "H": dims.H}  # fmt: skip
+    most :data:`BIG_ROWS`), the input size, hidden size."""
+    n = min(bucket(dims.T * dims.B), BIG_ROWS)
+    return {"what": "big", "kind": kind, "dtype": str(compute_dtype(dtype)), "N": n,
+            "I": dims.I, "H": dims.H}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -383,7 +371,7 @@ def cache_dir() -> Path:
     return _cache_dir(_cache_env())
 
 
-WISDOM_FORMAT = 22
+WISDOM_FORMAT = 23
 """The version of what a measurement holds: a store written with other candidates (an older
 lstmgrad) is measured again rather than read."""
 

@@ -33,7 +33,8 @@ import numpy as np
 from ..core.contract import check_backward, check_forward
 from ..core.layout import Dims
 from ..fused import lstm as fused_lstm
-from ..fused.plan import SAFE, WEIGHT_GRAD_LAYOUTS, Plan, compute_dtype
+from ..fused.gemm import product_into
+from ..fused.plan import SAFE, Plan, compute_dtype
 from . import openmp
 from .feasible import feasible
 
@@ -102,45 +103,24 @@ def _product_method(products: dict[str, float], public: str) -> str:
 
 
 def measure_big(cls: dict[str, Any], gemm: Any) -> dict[str, Any]:
-    """Times of the input projection, dx and the weight gradient per method and layout, for
-    N rows, input size I and hidden H, and of the layouts' transposing copy per thread count;
-    the entry's plan: the fastest method, layout and thread count."""
+    """Times of the input projection, dx and the weight gradient per method, for N rows, input
+    size I and hidden H, and of a transposing copy per thread count; the entry's plan: the
+    fastest method and thread count."""
     cd = np.dtype(cls["dtype"])
     ops = _BigOperands(cls, cd)
     transposes = _transpose_times(gemm, ops)
     tt = int(_best(transposes))
     conversions = _conversion_times(gemm, ops.n, ops.h, cd, tt)
-    # the method of the projection and dx first, then the layouts of dW with it
     products = _product_times(gemm, ops)
-    method = _product_method(products, gemm.product_methods(cd)[0])
-    seconds: dict[str, float] = {}
-    best = float("inf")
-    reps = _reps(products[method])
-    for layout in WEIGHT_GRAD_LAYOUTS:
-        key = f"{method}/{layout}"
-        run = _weight_grad(gemm, ops, layout, method, tt)
-        seconds[key] = _timed(run, reps, limit=3 * best, warm=reps > 1)
-        best = min(best, seconds[key])
-    copies = _copy_at_rows(cls, ops.dg, ops.dgt, tt)
-    if copies:  # each layout's copies at the layer's own rows, per n rows
-        extra = copies[f"rows{cls['R']}"] * ops.n / cls["R"] - copies[f"rows{ops.n}"]
-        for key in seconds:
-            layout = key.split("/")[1]
-            if layout == "nt":  # dG transposed
-                seconds[key] += extra
-    method, layout = _best(seconds).split("/")
     return {
         "plan": {
-            "big": method,
-            "weight_grad": layout,
+            "big": _product_method(products, gemm.product_methods(cd)[0]),
             "transpose_threads": tt,
             "convert": _best(conversions) if conversions else "kernels",
         },
         "seconds": {
             **{f"{m}/products": t for m, t in products.items()},
-            **seconds,
             **{f"transpose/{k}": t for k, t in transposes.items()},
-            **{f"transpose/{k}": t for k, t in copies.items()},
             **{f"convert/{k}": t for k, t in conversions.items()},
         },  # fmt: skip
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -155,18 +135,16 @@ class _BigOperands:
         n, i, h = self.n, self.i, self.h = cls["N"], cls["I"], cls["H"]
         g = self.g = 4 * h
         rng = np.random.default_rng(0)
-        self.xh = _rand(rng, (n, i + h), cd)  # [x | h_prev] rows
-        self.x = np.ascontiguousarray(self.xh[:, :i])
-        self.hp = np.ascontiguousarray(self.xh[:, i:])
+        self.x, self.hp = _rand(rng, (n, i), cd), _rand(rng, (n, h), cd)  # x, h_prev rows
         self.dg = _rand(rng, (n, g), cd)
         self.w_ih = _rand(rng, (g, i), cd)
         self.proj, self.dx = np.empty((n, g), cd), np.empty((n, i), cd)
-        self.dw = np.empty((g, i + h), cd)
         self.dgt = np.empty((g, n), cd)
         self.dw_ih, self.dw_hh = np.empty((g, i), cd), np.empty((g, h), cd)  # the results
 
     def transpose_dg(self, threads: int) -> None:
-        """dG's transposing copy into dgt (the "nt" layouts'), on ``threads``."""
+        """dG's transposing copy into dgt (the copies a plan's transpose_threads runs), on
+        ``threads``."""
         from ..fused.walks import transpose_cols
 
         n, g = self.n, self.g
@@ -192,7 +170,7 @@ def _transpose_times(gemm: Any, ops: _BigOperands) -> dict[str, float]:
 
 
 def _product_times(gemm: Any, ops: _BigOperands) -> dict[str, float]:
-    """Per GEMM method, the input projection's time plus dx's."""
+    """Per GEMM method, the input projection's time plus dx's and the weight gradient's."""
     out: dict[str, float] = {}
     for method in gemm.product_methods(ops.dg.dtype):
         projection = functools.partial(gemm.product, ops.x, ops.w_ih.T, ops.proj, method)
@@ -201,63 +179,14 @@ def _product_times(gemm: Any, ops: _BigOperands) -> dict[str, float]:
         if reps > 1:
             first = min(first, _timed(projection, reps - 1, warm=False))
         dx_product = functools.partial(gemm.product, ops.dg, ops.w_ih, ops.dx, method)
-        out[method] = first + _timed(dx_product, reps, warm=reps > 1)
+
+        def weight_grad(method: str = method) -> None:  # two products, as the engine's
+            product_into(gemm, ops.dg.T, ops.x, ops.dw_ih, method)
+            product_into(gemm, ops.dg.T, ops.hp, ops.dw_hh, method)
+
+        out[method] = (first + _timed(dx_product, reps, warm=reps > 1)
+                       + _timed(weight_grad, reps, warm=reps > 1))  # fmt: skip
     return out
-
-
-def _weight_grad(gemm: Any, ops: _BigOperands, layout: str, method: str,
-                 threads: int) -> Callable[[], Any]:  # fmt: skip
-    """dW in ``layout`` as the engine runs it on dense steps: "rows" and "nt" with the
-    copy of x into [x | h_prev]'s columns and of one [4H, I + H] result into dW_ih and dW_hh,
-    their copies on ``threads``; "rows2" from x and h_prev as they lie."""
-    from ..fused.gemm import product_into
-
-    i = ops.i
-    x_cols = ops.xh[:, :i]
-
-    def pack() -> None:
-        np.copyto(x_cols, ops.x)
-
-    def split(result: np.ndarray) -> None:
-        np.copyto(ops.dw_ih, result[:, :i])
-        np.copyto(ops.dw_hh, result[:, i:])
-
-    def rows() -> Any:
-        pack()
-        split(gemm.product(ops.dg.T, ops.xh, ops.dw, method))
-
-    def nt() -> Any:
-        pack()
-        ops.transpose_dg(threads)
-        split(gemm.nt(ops.dgt, ops.xh, method))
-
-    def rows2() -> None:
-        product_into(gemm, ops.dg.T, ops.x, ops.dw_ih, method)
-        product_into(gemm, ops.dg.T, ops.hp, ops.dw_hh, method)
-
-    return {"rows": rows, "nt": nt, "rows2": rows2}[layout]
-
-
-def _copy_at_rows(cls: dict[str, Any], dg: np.ndarray, dgt: np.ndarray, threads: int
-                  ) -> dict[str, float]:  # fmt: skip
-    """Times of dG's transposing copy at the class's N rows and at its R rows (the layer's
-    own, bounded), where R > N; else none."""
-    from ..fused.walks import transpose_cols
-
-    n, r, g = cls["N"], cls.get("R", cls["N"]), dg.shape[1]
-    if r <= n:
-        return {}
-    big, big_t = np.ones((r, g), dg.dtype), np.empty((g, r), dg.dtype)  # any values copy alike
-
-    def copy(rows: int, src: np.ndarray, dst: np.ndarray) -> Callable[[], None]:
-        return functools.partial(transpose_cols, src.reshape(-1), g, rows, 0, g,
-                                 dst.reshape(-1), threads)  # fmt: skip
-
-    at_r = copy(r, big, big_t)
-    return {
-        f"rows{n}": _timed(copy(n, dg, dgt), 3),
-        f"rows{r}": _timed(at_r, _reps(_timed(at_r, 1))),
-    }
 
 
 def _conversion_times(gemm: Any, n: int, h: int, cd: np.dtype, threads: int) -> dict[str, float]:
