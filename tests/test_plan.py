@@ -920,12 +920,44 @@ def test_default_plan_walks_and_splits_only_with_work_to_share(monkeypatch, dims
     and the call two steps; the plain library product elsewhere and where the back end has
     no packed product."""
     monkeypatch.setattr(openmp, "parallel_threads", lambda: 2)
+    monkeypatch.setattr(plan, "core_cache_bytes", lambda: 2 << 20)
     got = plan.default_plan(dims, np.dtype(np.float32), _WalkGemm())
     assert {k: getattr(got, k) for k in want} == want
     unpacked = plan.default_plan(dims, np.dtype(np.float32), _PlainWalkGemm())
     assert unpacked == dataclasses.replace(got, walk_product="library")
     # a back end whose BLAS must not be called from a walk's thread: the safe plan
     assert plan.default_plan(dims, np.dtype(np.float32), NUMPY_GEMM) == SAFE
+
+
+@pytest.mark.parametrize(
+    "b, h, cache, blocks",
+    [
+        (4, 512, 2 << 20, 1),  # W_hh (4 MiB) out of the core's cache, 2 rows a block: one
+        (4, 512, 8 << 20, 2),  # within it: blocks
+        (4, 512, None, 1),  # the cache unknown: as if out of it
+        (20, 512, 2 << 20, 1),  # 10 rows a block
+        (32, 512, 2 << 20, 2),  # 16 rows a block (BLOCK_MIN_ROWS)
+        (64, 512, None, 2),
+        (4, 64, 2 << 20, 2),  # W_hh 64 KiB
+    ],
+)  # fmt: skip
+def test_default_plan_splits_rows_where_reading_w_hh_per_block_pays(monkeypatch, b, h, cache,
+                                                                     blocks):  # fmt: skip
+    """Each block of rows reads all of W_hh every step: the default plan splits a direction's
+    rows over threads only where W_hh fits in a core's own cache or each block has at least
+    BLOCK_MIN_ROWS rows."""
+    monkeypatch.setattr(openmp, "parallel_threads", lambda: 2)
+    monkeypatch.setattr(plan, "core_cache_bytes", lambda: cache)
+    dims = Dims(100, b, h, h, 1, 1, True)
+    got = plan.default_plan(dims, np.dtype(np.float32), _WalkGemm())
+    assert got.walk and (got.walk_rows, got.threads) == (blocks, blocks)
+
+
+def test_core_cache_bytes_reads_a_cache_of_the_core_or_none():
+    from lstmgrad.core.machine import core_cache_bytes
+
+    got = core_cache_bytes()
+    assert got is None or (got >= 1 << 14 and got % 1024 == 0)
 
 
 @pytest.mark.parametrize("D", [1, 2])

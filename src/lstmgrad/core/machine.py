@@ -95,6 +95,37 @@ def visible_cpus() -> int:
     return max(1, n)
 
 
+@functools.lru_cache(maxsize=1)
+def core_cache_bytes() -> int | None:
+    """Bytes of the largest cache one core has to itself (its L2, where the L3 is shared; the
+    core's hyperthreads may share it), from sysfs; None where it cannot be read."""
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    best = None
+    own = {"0"}
+    try:
+        with open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
+            own.add(f.read().strip())
+    except OSError:
+        pass
+    try:
+        for name in sorted(n for n in os.listdir(root) if n.startswith("index")):
+            d = os.path.join(root, name)
+            with open(os.path.join(d, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(d, "shared_cpu_list")) as f:
+                shared = f.read().strip()
+            with open(os.path.join(d, "size")) as f:
+                size = f.read().strip()
+            if kind == "Instruction" or shared not in own:  # shared with other cores
+                continue
+            units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+            n = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+            best = max(best or 0, n)
+    except (OSError, ValueError):
+        return None
+    return best
+
+
 def _cpus_busy_seconds() -> float | None:
     """Busy seconds of all CPUs since boot (/proc/stat: every field but idle and iowait, steal
     included); None where it cannot be read."""

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..core.layout import Dims
-from ..core.machine import cpu_clock, fingerprint, fingerprint_key, others_cpus
+from ..core.machine import core_cache_bytes, cpu_clock, fingerprint, fingerprint_key, others_cpus
 from ..fused.plan import (  # noqa: F401  (lstmgrad.fused.plan.Plan, .SAFE: public names)
     BIG_METHODS,
     CONVERSIONS,
@@ -497,6 +497,24 @@ Xeon: 0.75-0.97x at H 64, 1.08x at H 100, 1.25-1.9x at H 200-1024, per product);
 is a matrix-vector product either way; the packing (about one product's time) is paid once."""
 
 
+BLOCK_MIN_ROWS = 16
+"""The default plan's cost model of row blocks: a block of a direction's rows walks on a
+thread of its own only where W_hh fits in one core's own cache (detected at run time,
+:func:`lstmgrad.core.machine.core_cache_bytes`) or each block has at least this many rows.
+Every block reads all of W_hh each step: out of the core's cache, blocks of a few rows are
+bound by those reads, and two threads that each read it run slower than one thread on all
+rows (an Intel Xeon with 2 MiB per core, H 512-650, B 4: 1.4-1.6x slower; B 20, 10 rows a
+block: 1.13x; B 64, 32 rows a block: on par)."""
+
+
+def _blocks_pay(dims: Dims, cd: np.dtype, blocks: int) -> bool:
+    """Whether a direction's rows in ``blocks`` blocks pay for reading W_hh once per block and
+    step (:data:`BLOCK_MIN_ROWS`)."""
+    cache = core_cache_bytes()
+    fits = cache is not None and 4 * dims.H * dims.H * cd.itemsize <= cache
+    return fits or dims.B // blocks >= BLOCK_MIN_ROWS
+
+
 def _walk_product(dims: Dims, cd: np.dtype, gemm: Any, rows: int) -> str:
     """The default plan's walk product (:data:`PACK_MIN_WEIGHTS`), ``rows`` a block's rows."""
     packs = 4 * dims.H * dims.H >= PACK_MIN_WEIGHTS and rows >= 2 and dims.T >= 2
@@ -509,7 +527,8 @@ def default_plan(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     product inside (no library call and no thread hand-off per step, which is what makes a
     per-step library plan collapse beside a busy process), its rows in blocks (one direction)
     or the two directions (two) on the usable threads where each part has the work to pay for
-    it (:data:`WALK_MIN_MACS`); the product packs W_hh once where that pays
+    it (:data:`WALK_MIN_MACS`) and, for blocks of rows, reading W_hh in each block pays
+    (:data:`BLOCK_MIN_ROWS`); the product packs W_hh once where that pays
     (:data:`PACK_MIN_WEIGHTS`). A back end without such a product gets :data:`SAFE`.
 
     On an Intel Xeon (2 cores) it was within 1.12x of the measured plan on the ten dense
@@ -528,7 +547,7 @@ def default_plan(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
             return dataclasses.replace(walk, pair_walks=True, threads=2)
         return walk
     blocks = max(1, min(usable, dims.B))
-    if blocks > 1 and macs >= blocks * WALK_MIN_MACS:
+    if blocks > 1 and macs >= blocks * WALK_MIN_MACS and _blocks_pay(dims, cd, blocks):
         product = _walk_product(dims, cd, gemm, dims.B // blocks)
         return dataclasses.replace(walk, threads=blocks, walk_rows=blocks, walk_product=product)
     return walk
