@@ -135,23 +135,29 @@ def matmul_into(a, b, out):  # pragma: no cover
         _four_rows(a, b, out, m - 4)
 
 
+def _addresses_call(typingctx, fn, *args):  # pragma: no cover - compiled
+    """The typing and codegen of a call to the Fortran-convention routine at address ``fn``
+    with ``args``, every one an address (uintp), in the routine's order; None where one is
+    not an integer."""
+    if not all(isinstance(t, types.Integer) for t in (fn, *args)):
+        return None
+
+    def codegen(context, builder, sig, values):
+        ptr = llvmlite_ir.IntType(8).as_pointer()
+        fnty = llvmlite_ir.FunctionType(llvmlite_ir.VoidType(), [ptr] * len(args))
+        callee = builder.inttoptr(values[0], fnty.as_pointer())
+        builder.call(callee, [builder.inttoptr(v, ptr) for v in values[1:]])
+        return context.get_dummy_value()
+
+    return types.none(fn, *args), codegen
+
+
 @intrinsic
 def _fortran_gemm(typingctx, fn, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):  # pragma: no cover - compiled  # fmt: skip
     """Calls the Fortran-convention GEMM (sgemm_ / dgemm_) at address ``fn``: every argument
     an address (uintp), of the library's arguments in order. The address is an argument, not
     a constant, so the kernels calling this stay cacheable across processes."""
-    if not all(isinstance(t, types.Integer) for t in (fn, ta, tb, m, n, k, alpha, a, lda, b,
-                                                      ldb, beta, c, ldc)):  # fmt: skip
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr = llvmlite_ir.IntType(8).as_pointer()
-        fnty = llvmlite_ir.FunctionType(llvmlite_ir.VoidType(), [ptr] * 13)
-        callee = builder.inttoptr(args[0], fnty.as_pointer())
-        builder.call(callee, [builder.inttoptr(v, ptr) for v in args[1:]])
-        return context.get_dummy_value()
-
-    return types.none(fn, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), codegen
+    return _addresses_call(typingctx, fn, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 
 
 @intrinsic
@@ -159,18 +165,7 @@ def _fortran_gemm_compute(typingctx, fn, ta, tb, m, n, k, a, lda, b, ldb, beta, 
     """Calls the Fortran-convention packed GEMM (MKL's sgemm_compute: sgemm_'s arguments
     without alpha, which packing applied) at address ``fn``, every argument an address, as
     :func:`_fortran_gemm`."""
-    if not all(isinstance(t, types.Integer) for t in (fn, ta, tb, m, n, k, a, lda, b, ldb,
-                                                      beta, c, ldc)):  # fmt: skip
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr = llvmlite_ir.IntType(8).as_pointer()
-        fnty = llvmlite_ir.FunctionType(llvmlite_ir.VoidType(), [ptr] * 12)
-        callee = builder.inttoptr(args[0], fnty.as_pointer())
-        builder.call(callee, [builder.inttoptr(v, ptr) for v in args[1:]])
-        return context.get_dummy_value()
-
-    return types.none(fn, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc), codegen
+    return _addresses_call(typingctx, fn, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc)
 
 
 @_jit
