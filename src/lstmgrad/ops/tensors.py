@@ -220,16 +220,26 @@ def _probe_walk_gemm(torch: Any) -> bool:
 _PACKED_GEMM: dict[str, Any] = {}  # MKL's packed sgemm (the probe's): "size", "pack", "compute"
 
 
+def _column_major(rows: int, cols: int, s0: int, s1: int) -> tuple[bytes, int] | None:
+    """A [rows, cols] matrix with element strides (s0, s1) as the column-major BLAS operand of
+    its transpose: (b"N", its row stride) where its rows are contiguous, (b"T", its column
+    stride) where its columns are (a transposed view); None where neither (the caller copies it
+    to C order). A single row's or column's stride is never read: the smallest valid one."""
+    if (s1 == 1 or cols == 1) and (rows == 1 or s0 >= max(cols, 1)):
+        return b"N", s0 if rows > 1 else max(cols, 1)
+    if (s0 == 1 or rows == 1) and (cols == 1 or s1 >= max(rows, 1)):
+        return b"T", s1 if cols > 1 else max(rows, 1)
+    return None
+
+
 def _pack_args(b: np.ndarray) -> tuple[np.ndarray, bytes, int]:
-    """b [K, N] as the packed GEMM's first operand (column-major b^T): (b, b"N", its row
-    stride) for contiguous rows, (b, b"T", its column stride) for the transposed view of a
-    C-contiguous matrix, else a C-contiguous copy."""
+    """b [K, N] as the packed GEMM's first operand (column-major b^T, :func:`_column_major`),
+    or a C-contiguous copy of it."""
     k, n = b.shape
-    if b.strides[1] == b.itemsize or n == 1:
-        return b, b"N", (b.strides[0] // b.itemsize if k > 1 else max(n, 1))
-    if b.strides[0] == b.itemsize or k == 1:
-        return b, b"T", (b.strides[1] // b.itemsize if n > 1 else max(k, 1))
-    return np.ascontiguousarray(b), b"N", n
+    found = _column_major(k, n, b.strides[0] // b.itemsize, b.strides[1] // b.itemsize)
+    if found is None:
+        return np.ascontiguousarray(b), b"N", max(n, 1)
+    return b, *found
 
 
 def _pack_rows(rows: int) -> int:
@@ -500,15 +510,13 @@ def _probe_bf16_gemm(torch: Any) -> bool:
 
 
 def _blas_layout(t: Any) -> tuple[Any, bytes, int]:
-    """A 2-D tensor as a column-major BLAS operand of its transpose: (tensor, b"N" with the
-    row stride for row-major memory, b"T" with the column stride for column-major memory); a
-    row-major copy where it is neither."""
+    """A 2-D tensor as the column-major BLAS operand of its transpose (:func:`_column_major`),
+    or a row-major copy of it."""
     rows, cols = t.shape
-    if t.stride(1) == 1 and t.stride(0) >= max(cols, 1):
-        return t, b"N", t.stride(0)
-    if t.stride(0) == 1 and t.stride(1) >= max(rows, 1):
-        return t, b"T", t.stride(1)
-    return t.contiguous(), b"N", max(cols, 1)
+    found = _column_major(rows, cols, t.stride(0), t.stride(1))
+    if found is None:
+        return t.contiguous(), b"N", max(cols, 1)
+    return t, *found
 
 
 def _bf16_mm(torch: Any, a: Any, b: Any, out: np.ndarray) -> None:
