@@ -121,15 +121,16 @@ def _walk_gemm(plan: Plan, gemm: Gemm, cd: np.dtype) -> int:
     return gemm.walk_gemm(cd, plan.walk_product == "packed")
 
 
-def _walk_operand(plan: Plan, gemm: Gemm, fn: int, b: np.ndarray, rows: int,
-                  slot: int) -> np.ndarray:  # fmt: skip
-    """The fixed operand b [K, N] of a walk's recurrent product as the walk's product reads
-    it: packed once for all steps of at most ``rows`` rows where the plan says "packed" (into
-    the calling thread's kept buffer ``slot``: one per walk running at once), else
-    :meth:`Gemm.walk_operand`'s (b itself for the Numba loop)."""
+def walk_operand(product: str, gemm: Gemm, fn: int, b: np.ndarray, rows: int,
+                 slot: int) -> np.ndarray:  # fmt: skip
+    """The fixed operand b [K, N] of a walk's recurrent product as the walk product
+    ``product`` (a plan's walk_product, its GEMM at ``fn``) reads it: packed once for all
+    steps of at most ``rows`` rows for "packed" (into the calling thread's kept buffer
+    ``slot``: one per operand in use at once), else :meth:`Gemm.walk_operand`'s (b itself for
+    the Numba loop)."""
     if not fn:
         return b
-    if plan.walk_product == "packed":
+    if product == "packed":
         buf = kept(f"walk_pack{slot}", gemm.walk_pack_bytes(b.shape, rows))
         return gemm.walk_pack(b, rows, buf)
     return gemm.walk_operand(b)
@@ -392,7 +393,7 @@ class _ForwardRun:
             fn = _walk_gemm(plan, self.gemm, cd)
             # [H, 4H]: the library reads W_hh transposed in place; the Numba loop needs a copy
             w_t = w_hh.T if fn and w_hh.flags.c_contiguous else kernels.transposed(w_hh)
-            w_t = _walk_operand(plan, self.gemm, fn, w_t, batch, p)
+            w_t = walk_operand(plan.walk_product, self.gemm, fn, w_t, batch, p)
             walk = walks.ForwardWalk._make((gx, w_t, bias, h, c, gh, st.orders[d], *acts,
                                             y_d))  # fmt: skip
             if plan.pair_walks:
@@ -487,7 +488,8 @@ def _walk_back(call: BackwardCall, plan: Plan, gemm: Gemm, st: _Steps, w_hh: np.
     gate_acts = dr.gate_acts
     if plan.walk:  # the whole step loop in one Numba call
         fn = _walk_gemm(plan, gemm, dr.dg.dtype)
-        walk = _backward_walk(call, dr, _walk_operand(plan, gemm, fn, w_hh, call.dims.B, 0), st)
+        w = walk_operand(plan.walk_product, gemm, fn, w_hh, call.dims.B, 0)
+        walk = _backward_walk(call, dr, w, st)
         flags = (call.need[1], st.dense, dr.with_db)
         if plan.walk_rows > 1:  # blocks of rows on threads of their own
             walks.backward_walk_parts(walk, walk, _parts(plan, st, call.dims.B), has_dy, st.ns,
@@ -681,7 +683,7 @@ class _BackwardRun:
                 _gather(call, st, dr.k, dr.acts, rows.hp, dr.cp, with_h=False)
             _initial_grads(call, dr)
             w_hh = _c(call.params[call.dims.index(layer, dr.k % 2, W_HH)], cd, self.cv)
-            w = _walk_operand(self.plan, self.gemm, fn, w_hh, call.dims.B, len(pair))
+            w = walk_operand(self.plan.walk_product, self.gemm, fn, w_hh, call.dims.B, len(pair))
             pair.append(_backward_walk(call, dr, w, st))
         flags = (call.need[1], st.dense, self.with_db)
         parts = _parts(self.plan, st, call.dims.B)

@@ -265,11 +265,8 @@ def _walk_product_times(gemm: Any, w_hh: np.ndarray, rows: int, cd: np.dtype) ->
     for name, fn in fns.items():
         if name != "loop" and not fn:
             continue
-        if name == "packed":
-            bufs = [np.empty(gemm.walk_pack_bytes(m.shape, rows), np.uint8) for m in (w_t, w)]
-            bt, b = (gemm.walk_pack(m, rows, buf) for m, buf in zip((w_t, w), bufs, strict=True))
-        else:
-            bt, b = (gemm.walk_operand(w_t), gemm.walk_operand(w)) if fn else (w_t, w)
+        bt, b = (fused_lstm.walk_operand(name, gemm, fn, m, rows, slot)
+                 for slot, m in enumerate((w_t, w)))  # as the walks take them  # fmt: skip
 
         def run(reps: int, fn: int = fn, bt: np.ndarray = bt, b: np.ndarray = b) -> None:
             walk_products(fn, a_fwd, bt, out_fwd, a_bwd, b, out_bwd, reps)
