@@ -248,6 +248,7 @@ def _pack_rows(rows: int) -> int:
     return max(rows, 2)
 
 
+@functools.lru_cache(maxsize=256)  # asked per (layer, direction) and by the memory check
 def packed_bytes(shape: tuple[int, int], rows: int) -> int:
     """Bytes of a [K, N] float32 operand packed by MKL for products of at most ``rows`` rows,
     with room to align it to 64 bytes."""

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..core.layout import Dims
-from ..fused.plan import CONVERSIONS, WALK_PRODUCTS, Plan, compute_dtype
+from ..fused.plan import CONVERSIONS, Plan, compute_dtype
 from . import openmp
 
 
@@ -22,11 +22,9 @@ def _walk_product(product: str, gemm: Any, cd: np.dtype) -> str:
     library product; one without a GEMM to call, the Numba loop."""
     if not gemm.walk_gemm(cd):
         return "loop"
-    if product == "packed" and gemm.walk_gemm(cd, True):
-        return "packed"
-    if product in WALK_PRODUCTS and product != "packed" and getattr(gemm, "loops", True):
-        return product
-    return "library"
+    if product == "packed":
+        return "packed" if gemm.walk_gemm(cd, True) else "library"
+    return "loop" if product == "loop" and getattr(gemm, "loops", True) else "library"
 
 
 def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
