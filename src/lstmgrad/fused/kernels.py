@@ -445,14 +445,14 @@ def backward_step(
 
 @_jit
 def gather_prev(  # pragma: no cover
-    s_h, s_c, h0, c0, ns, offsets, order, hp, hp_col, cp, with_h, with_c
+    s_h, s_c, h0, c0, ns, offsets, order, hp, cp, with_h, with_c
 ):
     """Packed previous states (docs/math.md B1): for each step in the forward's ``order``, rows
-    < n_t get the saved state of their previous active step (h0/c0 if none) into hp[:, hp_col:]
-    (where ``with_h``) and cp (where ``with_c``). Saved states are read only at active
+    < n_t get the saved state of their previous active step (h0/c0 if none) into hp (where
+    ``with_h``) and cp (where ``with_c``). Saved states are read only at active
     positions, so padding never leaks in.
     """
-    rows, hid = h0.shape
+    rows = h0.shape[0]
     last = np.full(rows, -1, dtype=np.int64)  # each row's previous active step
     for step in range(order.shape[0]):
         t = order[step]
@@ -461,12 +461,12 @@ def gather_prev(  # pragma: no cover
             p = last[r]
             if p < 0:
                 if with_h:
-                    _copy(hp[off + r, hp_col : hp_col + hid], h0[r])
+                    _copy(hp[off + r], h0[r])
                 if with_c:
                     _copy(cp[off + r], c0[r])
             else:
                 if with_h:
-                    _copy(hp[off + r, hp_col : hp_col + hid], s_h[p, r])
+                    _copy(hp[off + r], s_h[p, r])
                 if with_c:
                     _copy(cp[off + r], s_c[p, r])
             last[r] = t

@@ -434,7 +434,7 @@ def _gather(call: BackwardCall, st: _Steps, k: int, acts: tuple, hp: np.ndarray,
     cd = cp.dtype
     kernels.gather_prev(
         acts[4], acts[5], _c(call.h0[k], cd), _c(call.c0[k], cd), st.ns, st.offsets,
-        st.orders[k % call.dims.D], hp, 0, cp, with_h, with_c,
+        st.orders[k % call.dims.D], hp, cp, with_h, with_c,
     )  # fmt: skip
 
 
