@@ -140,6 +140,7 @@ class _FourThreadGemm:
     product_methods = staticmethod(NUMPY_GEMM.product_methods)
     fixed_methods = staticmethod(NUMPY_GEMM.fixed_methods)
     walk_gemm = staticmethod(NUMPY_GEMM.walk_gemm)
+    library_lstm = staticmethod(NUMPY_GEMM.library_lstm)
 
     @staticmethod
     def threads() -> int:
@@ -206,12 +207,18 @@ def test_budget_serves_the_safe_plan_until_the_calls_pay_for_a_measurement(budge
     assert plan.plan_for(TINY, f32, NUMPY_GEMM) == SAFE and not seen
     plan.note_call(6.0)  # 1.1 s: one measurement; the plan is made again
     measured = plan.plan_for(TINY, f32, NUMPY_GEMM)
-    assert seen == [1] and list(budgeted.glob("wisdom-*.json"))
+    assert seen == [1] and "steps" in _stored(budgeted)
     assert plan.budget.measured > 0 and plan.budget.runs
     assert measured == plan.plan_for(TINY, f32, NUMPY_GEMM) and seen == [1]  # final: kept
     # a budget spent: another class waits, served by the safe plan
     plan.budget.measured = plan.MEASURE_SHARE * plan.budget.calls
     assert plan.plan_for(dataclasses.replace(TINY, H=7), f32, NUMPY_GEMM) == SAFE
+
+
+def _stored(directory) -> set[str]:
+    """The kinds of entries ("probe", "big", "steps", "gate") stored in ``directory``."""
+    return {json.loads(key)["what"] for path in directory.glob("wisdom-*.json")
+            for key in json.loads(path.read_text())["entries"]}  # fmt: skip
 
 
 def test_budget_carries_unspent_call_time_to_the_next_process(budgeted, monkeypatch):
@@ -887,70 +894,149 @@ class _WalkGemm(_FourThreadGemm):
         return 1
 
 
-class _PlainWalkGemm(_FourThreadGemm):
-    """A back end with a plain product a walk can call, no packed one."""
+def _probe(walk=1e-3, rows=None, pairs=None, lib=(1e-3, 1e-3), prep=0.0, gate=1e-4,
+           gate_split=None, walk_prep=None, big=None):  # fmt: skip
+    """A probe (tune.probe's record) with these seconds: a walk's product pair alone (a dict
+    per walk product, or one number for "library"), side by side in two blocks of rows or
+    as a pair of directions, the library's per-step forward and backward products (method
+    "blas", ``prep`` its preparation), one step's gate maths."""
 
-    @staticmethod
-    def walk_gemm(dtype: np.dtype, packed: bool = False) -> int:
-        return 0 if packed else 1
+    def per_product(v):
+        return dict(v) if isinstance(v, dict) else {"library": v}
+
+    out = {
+        "recurrent": {k: {"blas": {"prep": {"1": prep}, "call": c}}
+                      for k, c in zip(("fwd", "bwd"), lib, strict=True)},
+        "walk": per_product(walk), "walk_prep": walk_prep or {}, "gate": gate,
+    }  # fmt: skip
+    if rows is not None:
+        out.update(rows=per_product(rows), rows_parts=2)
+    if pairs is not None:
+        out["pairs"] = per_product(pairs)
+    if gate_split is not None:
+        out.update(gate_split=gate_split, split_parts=2)
+    if big is not None:
+        out["big"] = big
+    return out
 
 
-@pytest.mark.parametrize(
-    "dims, want",
-    [
-        (Dims(3, 12, 16, 16, 8, 2, True), dict(walk=True, pair_walks=False, threads=1,
-                                                walk_product="library")),  # tiny
-        (Dims(200, 8, 128, 128, 1, 2, True), dict(walk=True, pair_walks=True, threads=2,
-                                                  walk_product="packed")),
-        (Dims(100, 32, 256, 256, 1, 1, True), dict(walk=True, threads=2, walk_rows=2,
-                                                   walk_product="packed")),
-        (Dims(100, 1, 256, 256, 1, 1, True), dict(walk=True, threads=1, walk_rows=1,
-                                                  walk_product="library")),  # one row
-        (Dims(1, 64, 256, 256, 1, 1, True), dict(walk_product="library")),  # one step
-        (Dims(100, 64, 100, 100, 1, 1, True), dict(walk_product="library")),  # small W_hh
-        (Dims(2, 4, 8, 16, 1, 1, True), dict(walk=True, threads=1, walk_rows=1,
-                                             walk_product="library")),  # little work
-    ],
-    ids=["T3-B12-H16-D2", "T200-B8-H128-D2", "T100-B32-H256-D1", "T100-B1-H256-D1",
-         "T1-B64-H256-D1", "T100-B64-H100-D1", "T2-B4-H16-D1"],
-)  # fmt: skip
-def test_default_plan_walks_and_splits_only_with_work_to_share(monkeypatch, dims, want):
-    """The default plan's walks, threads and walk product from the call's sizes alone: W_hh
-    packed once a call where it has at least PACK_MIN_WEIGHTS elements, a block two rows
-    and the call two steps; the plain library product elsewhere and where the back end has
-    no packed product."""
-    monkeypatch.setattr(openmp, "parallel_threads", lambda: 2)
-    monkeypatch.setattr(plan, "core_cache_bytes", lambda: 2 << 20)
-    got = plan.default_plan(dims, np.dtype(np.float32), _WalkGemm())
-    assert {k: getattr(got, k) for k in want} == want
-    unpacked = plan.default_plan(dims, np.dtype(np.float32), _PlainWalkGemm())
-    assert unpacked == dataclasses.replace(got, walk_product="library")
-    # a back end whose BLAS must not be called from a walk's thread: the safe plan
-    assert plan.default_plan(dims, np.dtype(np.float32), NUMPY_GEMM) == SAFE
+D1, D2 = Dims(100, 32, 64, 64, 1, 1, True), Dims(100, 32, 64, 64, 1, 2, True)
 
 
 @pytest.mark.parametrize(
-    "b, h, cache, blocks",
+    "dims, probe, want",
     [
-        (4, 512, 2 << 20, 1),  # W_hh (4 MiB) out of the core's cache, 2 rows a block: one
-        (4, 512, 8 << 20, 2),  # within it: blocks
-        (4, 512, None, 1),  # the cache unknown: as if out of it
-        (20, 512, 2 << 20, 1),  # 10 rows a block
-        (32, 512, 2 << 20, 2),  # 16 rows a block (BLOCK_MIN_ROWS)
-        (64, 512, None, 2),
-        (4, 64, 2 << 20, 2),  # W_hh 64 KiB
+        # library products 5x a walk's: a call per step wins
+        (D1, _probe(walk=4e-3, rows=2.5e-3, lib=(4e-4, 4e-4)),
+         dict(walk=False, fwd_rec="blas", threads=1)),
+        # walks side by side twice as fast as one walk: blocks of rows
+        (D1, _probe(walk=1e-3, rows=5e-4), dict(walk=True, walk_rows=2, threads=2)),
+        # side by side slower than alone (a W_hh read by each block): one walk
+        (D1, _probe(walk=1e-3, rows=1.2e-3), dict(walk=True, walk_rows=1, threads=1)),
+        (D2, _probe(walk=1e-3, pairs=6e-4), dict(pair_walks=True, threads=2)),
+        (D2, _probe(walk=1e-3, pairs=2.5e-3), dict(walk=True, pair_walks=False, threads=1)),
+        # the gate maths split over the threads pay between library products
+        (D1, _probe(walk=4e-3, lib=(4e-4, 4e-4), gate=4e-4, gate_split=2e-4),
+         dict(walk=False, threads=2)),
+        (D1, _probe(walk=4e-3, lib=(4e-4, 4e-4), gate=4e-4, gate_split=5e-4),
+         dict(walk=False, threads=1)),
+        # the fastest walk product alone, its preparation spread over the steps
+        (D1, _probe(walk={"packed": 5e-4, "library": 6e-4}), dict(walk_product="packed")),
+        (Dims(1, 32, 64, 64, 1, 1, True),
+         _probe(walk={"packed": 5e-4, "library": 6e-4}, walk_prep={"packed": 5e-4}),
+         dict(walk_product="library")),
+        # a preparation paid once a call: no library method that pays it at T = 1
+        (Dims(1, 32, 64, 64, 1, 1, True), _probe(walk=1e-3, prep=1e-2), dict(walk=True)),
     ],
+    ids=["library", "rows", "rows-no-gain", "pairs", "pairs-slow", "split", "split-slow",
+         "packed", "packed-T1", "prep-T1"],
 )  # fmt: skip
-def test_default_plan_splits_rows_where_reading_w_hh_per_block_pays(monkeypatch, b, h, cache,
-                                                                     blocks):  # fmt: skip
-    """Each block of rows reads all of W_hh every step: the default plan splits a direction's
-    rows over threads only where W_hh fits in a core's own cache or each block has at least
-    BLOCK_MIN_ROWS rows."""
+def test_cost_model_picks_the_cheapest_arrangement(dims, probe, want):
+    """The default plan's cost model prices each arrangement from the probe's seconds (the
+    oracle: the cases are built so that one arrangement is clearly cheapest)."""
+    from lstmgrad.planning import model
+
+    got = model.engine_fields(probe, dims, "blas")
+    assert {k: got.get(k, getattr(SAFE, k)) for k in want} == want
+
+
+@pytest.mark.parametrize(
+    "big, want",
+    [
+        ({"blas": 1.0, "onednn": 0.9}, "onednn"),  # over the margin
+        ({"blas": 1.0, "onednn": 0.97}, "blas"),  # within it: the public GEMM
+        ({"blas": 1.0, "onednn": 1.5}, "blas"),
+        (None, "blas"),
+    ],
+)
+def test_cost_model_big_products_take_a_private_op_only_past_the_margin(big, want):
+    from lstmgrad.planning import model
+
+    assert model.engine_fields(_probe(big=big), D1, "blas")["big"] == want
+
+
+def test_arrangements_price_steps_and_directions():
+    """The prices themselves: a library call per step pays its preparation once a direction
+    and its calls and gate maths each step; a walk its product and gate maths each step."""
+    from lstmgrad.planning import model
+
+    probe = _probe(walk=1e-3, lib=(3e-4, 2e-4), prep=5e-3, gate=1e-4, pairs=6e-4)
+    got = model.arrangements(probe, D2)
+    assert got["library"][0] == pytest.approx(2 * (2 * 5e-3 + 100 * (3e-4 + 2e-4 + 1e-4)))
+    assert got["walk"][0] == pytest.approx(2 * 100 * (1e-3 + 1e-4))
+    assert got["pairs"][0] == pytest.approx(100 * (6e-4 + 1e-4))
+
+
+def test_default_plan_probes_a_class_once_and_stores_it(store, monkeypatch):
+    """The probe runs the first time a class is seen (LSTMGRAD_TUNE=cached too), is stored,
+    and serves later processes; a probe beside busy processes serves this process only."""
+    monkeypatch.setenv("LSTMGRAD_TUNE", "cached")
     monkeypatch.setattr(openmp, "parallel_threads", lambda: 2)
-    monkeypatch.setattr(plan, "core_cache_bytes", lambda: cache)
-    dims = Dims(100, b, h, h, 1, 1, True)
-    got = plan.default_plan(dims, np.dtype(np.float32), _WalkGemm())
-    assert got.walk and (got.walk_rows, got.threads) == (blocks, blocks)
+    calls = []
+
+    def fake(cls, gemm, big_sizes=None):
+        calls.append(cls)
+        return _probe(walk=1e-3, rows=4e-4)
+
+    monkeypatch.setattr(plan.tune, "probe", fake)
+    f32 = np.dtype(np.float32)
+    got = plan.default_plan(D1, f32, _WalkGemm())
+    assert (got.walk, got.walk_rows, got.threads) == (True, 2, 2)
+    assert plan.default_plan(D1, f32, _WalkGemm()) == got and len(calls) == 1
+    plan.forget()  # a new process reads it from disk
+    assert plan.default_plan(D1, f32, _WalkGemm()) == got and len(calls) == 1
+    other = dataclasses.replace(D1, H=32)
+    monkeypatch.setattr(plan, "others_cpus", lambda start: 1.0)  # busy meanwhile
+    plan.default_plan(other, f32, _WalkGemm())
+    plan.forget()
+    plan.default_plan(other, f32, _WalkGemm())
+    assert len(calls) == 3  # not stored: probed again
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_probe_measures_every_product_at_the_class_sizes(store, kind):
+    """The real probe on a small class: finite positive seconds for each method the back end
+    has, the walks side by side where there are threads for them."""
+    from lstmgrad.planning import model
+
+    if kind == "torch":
+        pytest.importorskip("torch")
+        from lstmgrad.ops.tensors import torch_gemm
+
+        gemm = torch_gemm()
+    else:
+        gemm = NUMPY_GEMM
+    f32 = np.dtype(np.float32)
+    cls = plan.probe_class(Dims(10, 4, 8, 16, 1, 2, True), f32, gemm.kind)
+    got = plan.tune.probe(cls, gemm, (8, cls["N"]))
+    for direction in ("fwd", "bwd"):
+        assert set(got["recurrent"][direction]) == set(gemm.fixed_methods(f32))
+    assert "loop" in got["walk"] and all(0 < s < 1 for s in got["walk"].values())
+    assert 0 < got["gate"] < 1 and set(got["big"]) == set(gemm.product_methods(f32))
+    assert ("pairs" in got) == (openmp.parallel_threads() >= 2 and gemm.threads() >= 2)
+    fields = model.engine_fields(got, Dims(10, 4, 8, 16, 1, 2, True), "blas")
+    assert plan.feasible(dataclasses.replace(SAFE, **fields), Dims(10, 4, 8, 16, 1, 2, True),
+                         f32, gemm)  # fmt: skip
 
 
 def test_core_cache_bytes_reads_a_cache_of_the_core_or_none():
@@ -1137,6 +1223,7 @@ def test_a_multi_threaded_plan_falls_back_to_one_thread_and_comes_back(store, mo
     two-thread samples win, they serve again. Threads the caller forced are never dropped."""
     monkeypatch.setenv("LSTMGRAD_TUNE", "cached")  # nothing measured: the default plan
     monkeypatch.setattr(openmp, "parallel_threads", lambda: 2)
+    monkeypatch.setattr(plan.tune, "probe", lambda *a: _probe(walk=1e-3, pairs=6e-4))
     dims = Dims(T=100, B=64, I=256, H=256, L=1, D=2, has_bias=True)
     f32, gemm, part = np.dtype(np.float32), _WalkingGemm(), ("backward", (True,) * 4, False)
     default = plan.plan_for(dims, f32, gemm)

@@ -54,6 +54,10 @@ class Gemm(Protocol):
     operand packed for products of at most ``rows`` rows, ``walk_pack(b, rows, buf)`` b
     packed into the uint8 ``buf`` (at least that long), as the operand the step loops pass
     to that GEMM (:func:`lstmgrad.fused.kernels.packed_matmul`).
+    ``library_lstm(dtype)``: whether the library has a fused LSTM of its own for storage of
+    that dtype, and ``lstm_inference(call)`` runs an inference forward (a validated
+    ``ForwardCall``: dense, nothing saved) through it: the time-major output [T, B, D*H], hy
+    and cy [L*D, B, H] (the plan's ``library_lstm``).
     """
 
     kind: str
@@ -79,6 +83,10 @@ class Gemm(Protocol):
     def walk_pack_bytes(self, shape: tuple[int, int], rows: int) -> int: ...
 
     def walk_pack(self, b: np.ndarray, rows: int, buf: np.ndarray) -> np.ndarray: ...
+
+    def library_lstm(self, dtype: np.dtype) -> bool: ...
+
+    def lstm_inference(self, call: Any, /) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
 
 _prepared: contextvars.ContextVar[tuple[list[np.ndarray], dict] | None] = contextvars.ContextVar(
@@ -232,6 +240,12 @@ class NumpyGemm:
 
     def walk_pack(self, b: np.ndarray, rows: int, buf: np.ndarray) -> np.ndarray:
         raise ValueError("NumPy's back end has no packed GEMM (its walk_gemm(dtype, True) is 0)")
+
+    def library_lstm(self, dtype: np.dtype) -> bool:
+        return False  # NumPy has no LSTM
+
+    def lstm_inference(self, call: Any, /) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raise ValueError("NumPy's back end has no LSTM of its own (its library_lstm() is False)")
 
 
 NUMPY_GEMM = NumpyGemm()

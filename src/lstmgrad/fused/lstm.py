@@ -287,8 +287,13 @@ def lstm_forward(
     ``gemm`` runs every GEMM (NumPy's, or torch's for torch callers), as ``plan`` says (the
     caller's choice: :func:`lstmgrad.planning.plan.plan_for` through the API). ``saved_into``: where the saved
     activations go with train (C-contiguous [7, L*D, T, B, H] of the storage dtype; the lists
-    are its views), else a new block.
+    are its views), else a new block. A dense inference forward whose plan says
+    ``library_lstm`` runs the back end's own fused LSTM instead (:meth:`Gemm.lstm_inference`).
     """
+    dims = call.dims
+    if plan.library_lstm and not call.train and call.mask is None and dims.T and dims.B:
+        y, hy, cy = gemm.lstm_inference(call)  # the library's fused LSTM: nothing to save
+        return y, hy, cy, None
     run = _ForwardRun(call, arena or Arena(), gemm, plan, saved_into)
     for layer in range(call.dims.L):
         xp = run.layer_input(layer)

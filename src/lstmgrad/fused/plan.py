@@ -39,7 +39,11 @@ class Plan:
     preparation makes one (:meth:`Gemm.fixed`), and of the float16 <-> float32 conversions of
     float16 storage (element-wise copies like it);
     convert: what runs those conversions ("kernels": the engine's, on transpose_threads;
-    "library": the GEMM back end's own, :meth:`Gemm.convert`, where it has one).
+    "library": the GEMM back end's own, :meth:`Gemm.convert`, where it has one);
+    library_lstm: an inference forward (nothing saved) of dense, float32 storage runs the GEMM
+    back end's own fused LSTM (:meth:`Gemm.library_lstm`: torch's, oneDNN's RNN primitive on
+    the CPU) instead of the engine's step loops, where the back end has one; training
+    forwards, variable lengths and every backward run the engine whatever this says.
     """
 
     big: str = "blas"
@@ -54,6 +58,7 @@ class Plan:
     fwd_walk: bool = True
     transpose_threads: int = 1
     convert: str = "kernels"
+    library_lstm: bool = False
 
     def describe(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))

@@ -226,6 +226,20 @@ def walk_products(fn, a_fwd, w_t, out_fwd, a_bwd, w, out_bwd, reps):  # pragma: 
         walk_product(fn, a_bwd, w, out_bwd, ints, alpha_beta)
 
 
+@_parallel
+def walk_products_parts(fn, a_fwd, w_t, out_fwd, a_bwd, w, out_bwd, reps, parts):  # pragma: no cover
+    """:func:`walk_products` on ``parts`` threads at once, each on its block of the rows (of
+    ceil(rows / parts)) and reading the same weights, as blocks of rows walking side by side
+    do: what the default plan's probe times (they share the caches and the memory's
+    bandwidth, which one walk alone does not show)."""
+    rows = a_fwd.shape[0]
+    for q in prange(parts):
+        lo, hi = row_block(rows, parts, q)
+        if hi > lo:
+            walk_products(fn, a_fwd[lo:hi], w_t, out_fwd[lo:hi], a_bwd[lo:hi], w, out_bwd[lo:hi],
+                          reps)  # fmt: skip
+
+
 # Rows split over ``parts`` threads: a step's gate maths on ``parts`` blocks of the batch's
 # rows at once (the rows of a step are independent), for models too large to walk whole steps
 # in Numba, where the recurrent product runs in the GEMM library between the steps. Each row is

@@ -64,7 +64,9 @@ def _engine_args(impl: str, call: ForwardCall | BackwardCall, arena: Arena | Non
     flags = call.need if isinstance(call, BackwardCall) else (call.train, call.dropout > 0)
     rows = call.dims.T * call.dims.B if call.mask is None else int(np.count_nonzero(call.mask))
     key = (part, flags, call.mask is not None)
-    plan, done = plan_call(plan_dims or call.dims, call.dtype, g, key, sample=arena is None)
+    inference = isinstance(call, ForwardCall) and not call.train and call.mask is None
+    plan, done = plan_call(plan_dims or call.dims, call.dtype, g, key, sample=arena is None,
+                           inference=inference)  # fmt: skip
 
     def timed(seconds: float) -> None:
         done(seconds, max(rows, 1))

@@ -153,6 +153,11 @@ def _once(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
 
 
 @_once
+def _onednn_rnn(torch: Any) -> bool:
+    """Whether torch's CPU LSTM runs on oneDNN's RNN primitive here (built with it, enabled)."""
+    return bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled)
+
+
 def _probe_onednn(torch: Any) -> bool:
     """Whether oneDNN's linear (a private op: ``torch.ops.mkldnn._linear_pointwise``, with its
     weight reorder) exists and computes a small product right, checked once a process."""
@@ -473,6 +478,24 @@ class TorchGemm:
     def walk_pack(self, b: np.ndarray, rows: int, buf: np.ndarray) -> np.ndarray:
         return pack_operand(b, rows, buf)
 
+    def library_lstm(self, dtype: np.dtype) -> bool:
+        # float32 storage on oneDNN's RNN primitive: torch's other CPU LSTM runs cell by cell
+        return np.dtype(dtype) == np.float32 and _onednn_rnn(self._torch)
+
+    def lstm_inference(self, call: Any, /) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """torch's own LSTM forward (``torch._VF.lstm``, what torch.nn.LSTM calls: oneDNN's
+        fused RNN primitive on the CPU) of a dense inference call, on views of its arrays."""
+        torch, d = self._torch, call.dims
+        x = torch.from_numpy(call.x)
+        zeros = None if call.h0 is not None and call.c0 is not None else x.new_zeros(d.K, d.B, d.H)
+        h0 = zeros if call.h0 is None else torch.from_numpy(call.h0)
+        c0 = zeros if call.c0 is None else torch.from_numpy(call.c0)
+        params = [torch.from_numpy(p) for p in call.params]
+        with torch.no_grad():
+            y, hy, cy = torch._VF.lstm(x, (h0, c0), params, d.has_bias, d.L, 0.0, False,
+                                       d.D == 2, False)  # fmt: skip
+        return y.numpy(), hy.numpy(), cy.numpy()
+
     def convert(self, dst: np.ndarray, src: np.ndarray, /) -> bool:
         # torch's copy (vectorised, on its threads), where it rounds as the kernels do; NumPy
         # views torch cannot wrap (read-only, negative strides) go to the kernels
@@ -595,6 +618,9 @@ class TorchBf16Gemm(TorchGemm):
         return t.view(self._torch.int16).numpy().view(np.uint16)
 
     loops = False  # feasible(): no Numba-loop products (they multiply in float32)
+
+    def library_lstm(self, dtype: np.dtype) -> bool:
+        return False  # torch's LSTM would multiply in float32, not in bfloat16
 
 
 def bf16_gemm() -> TorchGemm:

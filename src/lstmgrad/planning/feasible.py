@@ -31,7 +31,7 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
     """``plan`` with whatever this call and process cannot run replaced by the safe choice:
     methods the back end lacks for the dtype, more threads than available now (the walks' parts
     included), pair walks of a one-direction layer or of float16 storage (its activations pass
-    through one scratch)."""
+    through one scratch), the library's LSTM where the back end has none for the dtype."""
     cd = compute_dtype(dtype)
     big = plan.big if plan.big in gemm.product_methods(cd) else "blas"
 
@@ -58,4 +58,5 @@ def feasible(plan: Plan, dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
         fwd_walk=plan.fwd_walk,
         transpose_threads=allowed(plan.transpose_threads),
         convert=plan.convert if plan.convert in CONVERSIONS else "kernels",
+        library_lstm=plan.library_lstm and gemm.library_lstm(np.dtype(dtype)),
     )

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..core.layout import Dims
-from ..core.machine import core_cache_bytes, cpu_clock, fingerprint, fingerprint_key, others_cpus
+from ..core.machine import cpu_clock, fingerprint, fingerprint_key, others_cpus
 from ..fused.plan import (  # noqa: F401  (lstmgrad.fused.plan.Plan, .SAFE: public names)
     BIG_METHODS,
     CONVERSIONS,
@@ -49,7 +49,7 @@ from ..fused.plan import (  # noqa: F401  (lstmgrad.fused.plan.Plan, .SAFE: publ
     Plan,
     compute_dtype,
 )
-from . import openmp, tune
+from . import model, tune
 from .feasible import feasible
 
 _FIELDS = {f.name: f.type for f in dataclasses.fields(Plan)}
@@ -72,7 +72,7 @@ def _checked(where: str, name: str, value: Any) -> Any:
         if value not in _CHOICES[name]:
             raise ValueError(f"{where}: {name} must be one of {_CHOICES[name]}, got {value!r}")
         return value
-    if name in ("pair_walks", "walk", "fwd_walk"):
+    if name in ("pair_walks", "walk", "fwd_walk", "library_lstm"):
         if isinstance(value, str):
             if value.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
                 raise ValueError(f"{where}: {name} must be true or false, got {value!r}")
@@ -480,77 +480,53 @@ def _measured(dims: Dims, dtype: np.dtype, gemm: Any, m: str) -> tuple[Plan, boo
     return (measured if entry["ratio"] >= GATE_MARGIN else default), True
 
 
-WALK_MIN_MACS = 1 << 20
-"""The default plan's cost model: a walk is split over threads (blocks of rows, or the two
-directions) only where each part's recurrent products over all steps reach this many
-multiply-adds: tens of microseconds of one core's work, above a thread hand-off on a quiet
-machine, so that tiny layers stay on one thread; beside busy processes the in-use check
-moves a plan whose threads stall to one thread."""
+def probe_class(dims: Dims, dtype: np.dtype, kind: str) -> dict[str, Any]:
+    """The class of the default plan's probe (:func:`lstmgrad.planning.tune.probe`): the step
+    loops' class, the input size and the big products' rows (at most
+    :data:`lstmgrad.planning.tune.PROBE_BIG_ROWS`)."""
+    n = min(bucket(dims.T * dims.B), tune.PROBE_BIG_ROWS)
+    return {**step_class(dims, dtype, kind), "what": "probe", "I": dims.I, "N": n}
 
 
-PACK_MIN_WEIGHTS = 1 << 16
-"""The default plan's cost model of the walks' product: W_hh is packed once a call (MKL's
-packed GEMM, "packed") where it has at least this many elements (H >= 128), a step's block
-has at least two rows and the call two steps. A plain GEMM packs its fixed operand anew every
-call; for a small W_hh that is cheap and the packed path's own cost is the larger (an Intel
-Xeon: 0.75-0.97x at H 64, 1.08x at H 100, 1.25-1.9x at H 200-1024, per product); one row
-is a matrix-vector product either way; the packing (about one product's time) is paid once."""
-
-
-BLOCK_MIN_ROWS = 16
-"""The default plan's cost model of row blocks: a block of a direction's rows walks on a
-thread of its own only where W_hh fits in one core's own cache (detected at run time,
-:func:`lstmgrad.core.machine.core_cache_bytes`) or each block has at least this many rows.
-Every block reads all of W_hh each step: out of the core's cache, blocks of a few rows are
-bound by those reads, and two threads that each read it run slower than one thread on all
-rows (an Intel Xeon with 2 MiB per core, H 512-650, B 4: 1.4-1.6x slower; B 20, 10 rows a
-block: 1.13x; B 64, 32 rows a block: on par)."""
-
-
-def _blocks_pay(dims: Dims, cd: np.dtype, blocks: int) -> bool:
-    """Whether a direction's rows in ``blocks`` blocks pay for reading W_hh once per block and
-    step (:data:`BLOCK_MIN_ROWS`)."""
-    cache = core_cache_bytes()
-    fits = cache is not None and 4 * dims.H * dims.H * cd.itemsize <= cache
-    return fits or dims.B // blocks >= BLOCK_MIN_ROWS
-
-
-def _walk_product(dims: Dims, cd: np.dtype, gemm: Any, rows: int) -> str:
-    """The default plan's walk product (:data:`PACK_MIN_WEIGHTS`), ``rows`` a block's rows."""
-    packs = 4 * dims.H * dims.H >= PACK_MIN_WEIGHTS and rows >= 2 and dims.T >= 2
-    return "packed" if packs and gemm.walk_gemm(cd, True) else "library"
+def _probe(dims: Dims, dtype: np.dtype, gemm: Any) -> dict[str, Any]:
+    """The class's probe: stored, else measured now (a fraction of a second, in every mode but
+    off) and stored where no other process kept the CPUs busy meanwhile (else kept for this
+    process only: a reading of a loaded machine is not a fact of the machine)."""
+    store = wisdom(gemm.kind)
+    cls = probe_class(dims, dtype, gemm.kind)
+    entry = store.get(cls)
+    if entry is not None:
+        return entry
+    with store.lock:
+        entry = store.get(cls)
+        if entry is None:
+            clock = cpu_clock()
+            t0 = time.perf_counter()
+            entry = tune.probe(cls, gemm, (dims.I, cls["N"]))
+            entry["probed_in"] = time.perf_counter() - t0  # (not a measurement's "took")
+            store.put(cls, entry, keep=not (machine_busy() or others_cpus(clock) > OTHERS_MAX))
+    return entry
 
 
 def default_plan(dims: Dims, dtype: np.dtype, gemm: Any) -> Plan:
-    """The plan of a class not measured yet (LSTMGRAD_TUNE=on or cached), from the call's
-    dimensions: each direction's step loop walks in one Numba call, with the back end's own
-    product inside (no library call and no thread hand-off per step, which is what makes a
-    per-step library plan collapse beside a busy process), its rows in blocks (one direction)
-    or the two directions (two) on the usable threads where each part has the work to pay for
-    it (:data:`WALK_MIN_MACS`) and, for blocks of rows, reading W_hh in each block pays
-    (:data:`BLOCK_MIN_ROWS`); the product packs W_hh once where that pays
-    (:data:`PACK_MIN_WEIGHTS`). A back end without such a product gets :data:`SAFE`.
-
-    On an Intel Xeon (2 cores) it was within 1.12x of the measured plan on the ten dense
-    benchmark shapes, where SAFE was up to 1.95x slower, and 2-7x faster than SAFE with a busy
-    process beside it (docs/performance.md#execution-plans).
+    """The plan of a class not measured yet (LSTMGRAD_TUNE=on or cached): the cost model of
+    :mod:`lstmgrad.planning.model` on the class's probe (product speeds measured at its sizes
+    on this machine, once, :func:`_probe`) picks the step loops' arrangement (a library call
+    per step, or each direction's loop walking in one compiled call: alone, in blocks of rows
+    side by side, or both directions at once) and the products' methods. A back end without
+    a walk product (NumPy's: its BLAS has a thread pool of its own, which the engine's threads
+    would fight) gets :data:`SAFE` until measured. An
+    inference forward runs the back end's own fused LSTM where it has one (``library_lstm``:
+    torch's oneDNN primitive led the engine's inference on most shapes of both CPUs measured),
+    with the engine as its alternative in the in-use check (:func:`plan_call`), which moves to
+    the engine where that runs faster.
     """
     cd = compute_dtype(dtype)
-    if not gemm.walk_gemm(cd):
+    if not gemm.walk_gemm(cd):  # NumPy's: its BLAS and the engine's threads are two pools
         return SAFE
-
-    usable = max(1, min(openmp.parallel_threads(), gemm.threads()))
-    macs = dims.T * dims.B * 4 * dims.H * dims.H  # one direction's recurrent products
-    walk = dataclasses.replace(SAFE, walk=True, walk_product=_walk_product(dims, cd, gemm, dims.B))
-    if dims.D == 2:
-        if usable >= 2 and macs >= WALK_MIN_MACS:
-            return dataclasses.replace(walk, pair_walks=True, threads=2)
-        return walk
-    blocks = max(1, min(usable, dims.B))
-    if blocks > 1 and macs >= blocks * WALK_MIN_MACS and _blocks_pay(dims, cd, blocks):
-        product = _walk_product(dims, cd, gemm, dims.B // blocks)
-        return dataclasses.replace(walk, threads=blocks, walk_rows=blocks, walk_product=product)
-    return walk
+    fields = model.engine_fields(_probe(dims, dtype, gemm), dims, gemm.product_methods(cd)[0])
+    plan = dataclasses.replace(SAFE, **fields, library_lstm=gemm.library_lstm(np.dtype(dtype)))
+    return feasible(plan, dims, dtype, gemm)
 
 
 WATCH_EVERY = 16
@@ -697,14 +673,16 @@ def _budget_only(seconds: float, work: float = 1.0) -> None:
     note_call(seconds)
 
 
-def plan_call(dims: Dims, dtype: np.dtype, gemm: Any, part: Any,
-              sample: bool = True) -> tuple[Plan, Callable[..., None]]:  # fmt: skip
+def plan_call(dims: Dims, dtype: np.dtype, gemm: Any, part: Any, sample: bool = True,
+              inference: bool = False) -> tuple[Plan, Callable[..., None]]:  # fmt: skip
     """:func:`plan_for` for one call of ``part`` (what makes calls of these sizes comparable:
     forward or backward, and their flags), and what to call with its cost once it ran (the
     measuring budget, the in-use check; seconds, or seconds per unit of work where the same
     sizes do varying work). With ``sample`` the in-use check now and then runs a fallback
     instead (:class:`_Watch`); without it (a call whose scratch was sized for
-    :func:`plan_for`'s plan) never, and the plan is :func:`plan_for`'s."""
+    :func:`plan_for`'s plan) never, and the plan is :func:`plan_for`'s. ``inference``: the
+    call is a dense inference forward, which a plan's ``library_lstm`` runs on the library's
+    own LSTM: the engine's plans are its fallbacks."""
     chosen, default, key = _planned(dims, dtype, gemm)
     measured = default is not None and key not in _lost_keys  # and still in use
     first = chosen if default is None or measured else default
@@ -719,8 +697,14 @@ def plan_call(dims: Dims, dtype: np.dtype, gemm: Any, part: Any,
             single = feasible(one_thread(chain[-1]), dims, dtype, gemm)
             if single != chain[-1]:
                 chain.append(single)
+        library = inference and first.library_lstm and "library_lstm" not in overrides()
+        if library:  # the library's LSTM first, then the engine's chain
+            chain = [first] + list(dict.fromkeys(
+                dataclasses.replace(p, library_lstm=False) for p in chain))  # fmt: skip
+        # a measured plan's verdict against the default comes from the engine's calls only
         _watches[(key, part)] = None if len(chain) == 1 else _Watch(
-            chain, measured, wisdom(gemm.kind), gate_class(dims, dtype, gemm.kind), key,
+            chain, measured and not library, wisdom(gemm.kind),
+            gate_class(dims, dtype, gemm.kind), key,
         )  # fmt: skip
     watch = _watches[(key, part)]
     if watch is None:  # nothing to fall back to

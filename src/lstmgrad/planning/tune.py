@@ -220,11 +220,12 @@ def _conversion_times(gemm: Any, n: int, h: int, cd: np.dtype, threads: int) -> 
 
 
 def _recurrent_times(
-    gemm: Any, b_mat: np.ndarray, rows: int, cd: np.dtype, thread_counts: list[int]
+    gemm: Any, b_mat: np.ndarray, rows: int, cd: np.dtype, thread_counts: list[int],
+    tries: int = 3,
 ) -> dict[str, dict[str, Any]]:
     """Per fixed-product method for a [rows, K] x b_mat: "prep", the seconds of its preparation
     with its transposing copy on each of ``thread_counts`` threads (keyed by the count, as
-    text), and "call", the seconds of one product."""
+    text; the least of ``tries``), and "call", the seconds of one product."""
     rng = np.random.default_rng(1)
     a = _rand(rng, (rows, b_mat.shape[0]), cd)
     out = np.empty((rows, b_mat.shape[1]), cd)
@@ -235,7 +236,7 @@ def _recurrent_times(
         prep: dict[str, float] = {}
         for threads in thread_counts:
             prep[str(threads)] = float("inf")
-            for _ in range(3):  # the least of a few: a page fault or another process only adds
+            for _ in range(tries):  # the least of a few: a page fault or another process adds
                 t0 = time.perf_counter()
                 product = gemm.fixed(b_mat, method, rows, threads)
                 prep[str(threads)] = min(prep[str(threads)], time.perf_counter() - t0)
@@ -248,12 +249,17 @@ def _recurrent_times(
     return times
 
 
-def _walk_product_times(gemm: Any, w_hh: np.ndarray, rows: int, cd: np.dtype) -> dict[str, float]:
+def _walk_product_times(gemm: Any, w_hh: np.ndarray, rows: int, cd: np.dtype, parts: int = 1,
+                        prep: dict[str, float] | None = None) -> dict[str, float]:  # fmt: skip
     """Seconds of a walk's two recurrent products (the forward's and the backward's, [rows, H]
     x W_hh^T and [rows, 4H] x W_hh) on this thread: "loop" (the engine's Numba loop) and,
     where the back end has them to call, "library" (its own GEMM: :meth:`Gemm.walk_gemm`) and
-    "packed" (its packed GEMM, W_hh packed once, as a walk does for all its steps)."""
-    from ..fused.walks import walk_products
+    "packed" (its packed GEMM, W_hh packed once, as a walk does for all its steps). With
+    ``parts`` > 1, the rows in that many blocks on as many threads at once (blocks of rows
+    walking side by side). ``prep`` gets each product's preparation of both operands (the
+    packing, or the Numba loop's transposing copy) in seconds."""
+    from ..fused.kernels import transposed
+    from ..fused.walks import walk_products, walk_products_parts
 
     h = w_hh.shape[1]
     rng = np.random.default_rng(5)
@@ -261,20 +267,103 @@ def _walk_product_times(gemm: Any, w_hh: np.ndarray, rows: int, cd: np.dtype) ->
     a_fwd, a_bwd = _rand(rng, (rows, h), cd), _rand(rng, (rows, 4 * h), cd)
     out_fwd, out_bwd = np.empty((rows, 4 * h), cd), np.empty((rows, h), cd)
     fns = {"loop": 0, "library": gemm.walk_gemm(cd), "packed": gemm.walk_gemm(cd, True)}
+    block = -(-rows // parts)
     times: dict[str, float] = {}
     for name, fn in fns.items():
         if name != "loop" and not fn:
             continue
-        bt, b = (fused_lstm.walk_operand(name, gemm, fn, m, rows, slot)
+        t0 = time.perf_counter()
+        if not fn:  # the Numba loop reads W_hh^T as a copy
+            transposed(w_hh)
+        bt, b = (fused_lstm.walk_operand(name, gemm, fn, m, block, slot)
                  for slot, m in enumerate((w_t, w)))  # as the walks take them  # fmt: skip
+        if prep is not None:
+            prep[name] = time.perf_counter() - t0
 
         def run(reps: int, fn: int = fn, bt: np.ndarray = bt, b: np.ndarray = b) -> None:
-            walk_products(fn, a_fwd, bt, out_fwd, a_bwd, b, out_bwd, reps)
+            if parts > 1:
+                walk_products_parts(fn, a_fwd, bt, out_fwd, a_bwd, b, out_bwd, reps, parts)
+            else:
+                walk_products(fn, a_fwd, bt, out_fwd, a_bwd, b, out_bwd, reps)
 
         one = _timed(functools.partial(run, 1), 1)  # compiles (warm-up), then one pair
         reps = max(1, min(1000, int(1e-3 / max(one, 1e-9))))  # about a millisecond a run
         times[name] = _timed(functools.partial(run, reps), 5) / reps
     return times
+
+
+def _gate_seconds(b: int, h: int, cd: np.dtype, parts: int = 1) -> float:
+    """Seconds of one step's gate maths, forward and backward, for b rows on one thread, or
+    with the rows split over ``parts`` threads (the step kernels as the engine calls them)."""
+    from ..fused import kernels, walks
+
+    rng = np.random.default_rng(2)
+    gx, gh = _rand(rng, (b, 4 * h), cd), _rand(rng, (b, 4 * h), cd)
+    bias = np.zeros(4 * h, cd)
+    st = np.zeros((2, b, h), cd)
+    acts = np.zeros((8, b, h), cd) + cd.type(0.5)
+    dg, db = np.empty((b, 4 * h), cd), np.zeros((b, 4 * h), cd)
+    dy = _rand(rng, (b, h), cd)
+
+    def step() -> None:
+        if parts > 1:
+            walks.forward_step_split(gx, gh, bias, st[0], st[1], b, parts, *acts)
+            walks.backward_step_split(dy, True, st[0], st[1], *acts[:4], acts[6], acts[7], dg,
+                                      b, db, True, parts)  # fmt: skip
+        else:
+            kernels.forward_step(gx, gh, bias, st[0], st[1], b, *acts)
+            kernels.backward_step(dy, True, st[0], st[1], *acts[:4], acts[6], acts[7], dg, b,
+                                  db, True)  # fmt: skip
+
+    return _timed(step, _reps(_timed(step, 1)) * 3)
+
+
+PROBE_BIG_ROWS = 256
+"""The rows the probe's big products are timed with (at most): enough for the library's
+kernel of many rows, few enough that the probe stays a fraction of a second at H 1024."""
+
+
+def probe(cls: dict[str, Any], gemm: Any, big_sizes: tuple[int, int] | None = None
+          ) -> dict[str, Any]:  # fmt: skip
+    """The default plan's inputs (:mod:`lstmgrad.planning.model`) for a step-loop class (B, H,
+    D), measured at its sizes: the per-step library products per method on all the library's
+    threads (preparation and call), a walk's products per walk product on one thread for all
+    B rows, and for blocks of rows (one direction) or both directions (two) walking side by
+    side on the usable threads at once, one step's gate maths (on one thread, and split over
+    the usable threads); with ``big_sizes`` (I, and the
+    rows of all steps) the big products per method (at most :data:`PROBE_BIG_ROWS` rows).
+    Well under a second at H 1024, milliseconds for small layers."""
+    cd = np.dtype(cls["dtype"])
+    b, h, d = cls["B"], cls["H"], cls["D"]
+    rng = np.random.default_rng(4)
+    w_hh = _rand(rng, (4 * h, h), cd) * cd.type(1 / np.sqrt(h))
+    rec = {
+        "fwd": _recurrent_times(gemm, w_hh.T, b, cd, [1], tries=1),  # the engine's view
+        "bwd": _recurrent_times(gemm, w_hh, b, cd, [1], tries=1),
+    }
+    prep: dict[str, float] = {}
+    out: dict[str, Any] = {
+        "recurrent": rec,
+        "walk": _walk_product_times(gemm, w_hh, b, cd, prep=prep),
+        "walk_prep": prep,
+        "gate": _gate_seconds(b, h, cd),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    usable = max(1, min(openmp.parallel_threads(), gemm.threads()))
+    if usable >= 2 and b >= 2:  # the gate maths of a step split over the threads
+        out["gate_split"] = _gate_seconds(b, h, cd, min(usable, b))
+        out["split_parts"] = min(usable, b)
+    if usable >= 2 and d == 2:  # both directions at once: two parts of all B rows
+        out["pairs"] = _walk_product_times(gemm, w_hh, 2 * b, cd, parts=2)
+    elif usable >= 2 and d == 1 and b >= 2:
+        parts = min(usable, b)
+        out["rows"] = _walk_product_times(gemm, w_hh, b, cd, parts=parts)
+        out["rows_parts"] = parts
+    if big_sizes is not None:
+        i, n = big_sizes
+        ops = _BigOperands({"N": min(n, PROBE_BIG_ROWS), "I": i, "H": h}, cd)
+        out["big"] = _product_times(gemm, ops)
+    return out
 
 
 def choose_recurrent(times: dict[str, dict[str, Any]], steps: int, threads: int = 1) -> str:
