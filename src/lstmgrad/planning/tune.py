@@ -220,7 +220,11 @@ def _conversion_times(gemm: Any, n: int, h: int, cd: np.dtype, threads: int) -> 
 
 
 def _recurrent_times(
-    gemm: Any, b_mat: np.ndarray, rows: int, cd: np.dtype, thread_counts: list[int],
+    gemm: Any,
+    b_mat: np.ndarray,
+    rows: int,
+    cd: np.dtype,
+    thread_counts: list[int],
     tries: int = 3,
 ) -> dict[str, dict[str, Any]]:
     """Per fixed-product method for a [rows, K] x b_mat: "prep", the seconds of its preparation
