@@ -163,3 +163,31 @@ def _fast_walk_probe(cls, gemm, big_sizes=None):
     one = {"blas": {"prep": {"1": 0.0}, "call": 1e-3}}
     return {"recurrent": {"fwd": one, "bwd": one}, "walk": {"library": 1e-4}, "walk_prep": {},
             "gate": 1e-5}  # fmt: skip
+
+
+def test_drop_in_calls_torchs_forward_directly_once_the_library_serves(calls, monkeypatch):
+    """After the first call (through the API, which sets up the in-use check), the drop-in's
+    inference calls torch's own forward directly, but for the check's samples of the engine;
+    every result is torch's or the engine's, within float32 rounding of torch's."""
+    monkeypatch.setattr(plan.tune, "probe", _fast_walk_probe)
+    monkeypatch.setattr(plan, "GATE_MARGIN", 1e9)  # whatever the samples' times: no switch
+    direct = []
+    real_forward = torch.nn.LSTM.forward
+
+    def counting(self, *args, **kwargs):
+        direct.append(1)
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.LSTM, "forward", counting)
+    torch.manual_seed(2)
+    ref = torch.nn.LSTM(8, 16, 2)
+    ours = lstmgrad.nn.LSTM(8, 16, 2).eval()
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(6, 3, 8)
+    n = 2 * plan.WATCH_EVERY
+    with torch.no_grad():
+        want = real_forward(ref.eval(), x)[0]
+        for _ in range(n):
+            torch.testing.assert_close(ours(x)[0], want, atol=2e-6, rtol=1e-5)
+    assert len(calls) == 1  # the first call: the API, on torch's LSTM
+    assert n - 8 <= len(direct) < n  # the rest torch's forward, but for the engine's samples

@@ -37,6 +37,7 @@ from ..planning.plan import (
     step_class,
     wisdom,
 )
+from ..planning.plan import library_inference as plan_library_inference
 from .tensors import array_gemm, from_torch, to_tensors, torch_gemm
 
 ENGINES: dict[str, ModuleType] = {"fused": fused, "reference": reference}  # contract.IMPLS
@@ -46,6 +47,19 @@ def engine_plan(dims: Dims, dtype: np.dtype, gemm: Gemm | None = None) -> Plan:
     """The fused engine's plan for a call of these sizes on ``gemm`` (NumPy's by default): the
     one place a plan is asked for (the planner measures, remembers, falls back)."""
     return plan_for(dims, dtype, gemm or NUMPY_GEMM)
+
+
+INFERENCE_PART = ("forward", (False, False), False)
+"""The in-use check's key of dense inference forwards (``part`` in :func:`_engine_args`), which
+the drop-in's own path to torch's LSTM shares (:func:`lstmgrad.planning.plan.library_inference`)."""
+
+
+def library_inference(dims: Dims) -> Callable[..., None] | None:
+    """For a dense float32 inference forward of tensors of these sizes, the planner's say
+    (:func:`lstmgrad.planning.plan.library_inference`): what to call with its seconds where
+    torch's own LSTM is to run it now (the drop-in then calls torch's forward directly), else
+    None (the call goes through :func:`lstm_forward`)."""
+    return plan_library_inference(dims, np.dtype(np.float32), torch_gemm(), INFERENCE_PART)
 
 
 def _engine_args(impl: str, call: ForwardCall | BackwardCall, arena: Arena | None,

@@ -585,6 +585,12 @@ class _Watch:
     def _is_one_thread(self, index: int) -> bool:
         return not _parallel(self.plans[index]) and _parallel(self.plans[index - 1])
 
+    def sampling_next(self) -> bool:
+        """Whether the next call samples an alternative (what :meth:`pick` will decide)."""
+        calls = self.calls + 1
+        due = calls % WATCH_EVERY == 0 or calls in (4, 8, 12)
+        return due and len(self.recent) >= 3
+
     def pick(self, sample: bool) -> tuple[Plan, int | None]:
         """The plan of the next call, and the index of the alternative it samples (None: the
         plan in use)."""
@@ -716,6 +722,32 @@ def plan_call(dims: Dims, dtype: np.dtype, gemm: Any, part: Any, sample: bool = 
         watch.note(seconds / work, sampled)
 
     return plan, done
+
+
+def library_inference(dims: Dims, dtype: np.dtype, gemm: Any,
+                      part: Any) -> Callable[..., None] | None:  # fmt: skip
+    """For a dense inference forward of ``part``: what to call with its cost where the plan in
+    use runs the library's own LSTM (``library_lstm``) and the in-use check does not sample an
+    alternative with this call, so that the caller may run the library's LSTM directly (the
+    drop-in: torch's own forward); None where the call goes through :func:`plan_call` (the
+    engine, or a sample)."""
+    chosen, default, key = _planned(dims, dtype, gemm)
+    if not key or (key, part) not in _watches:  # LSTMGRAD_TUNE=off, or not seen yet
+        return None
+    watch = _watches[(key, part)]
+    if watch is None:  # nothing to fall back to: plan_call's first plan always
+        measured = default is not None and key not in _lost_keys
+        first = chosen if default is None or measured else default
+        return _budget_only if first.library_lstm else None
+    if not watch.plans[watch.using].library_lstm or watch.sampling_next():
+        return None
+    plan, sampled = watch.pick(True)
+
+    def done(seconds: float, work: float = 1.0) -> None:
+        note_call(seconds)
+        watch.note(seconds / work, sampled)
+
+    return done
 
 
 def forget() -> None:

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import copy
 import functools
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 from ..core.errors import torch_missing
+from ..core.layout import Dims
+from ..ops.api import library_inference
 
 try:
     import torch
@@ -225,10 +228,36 @@ class LSTM(torch.nn.LSTM):
             return y.bfloat16(), h_n.bfloat16(), c_n.bfloat16()
         return y, h_n, c_n
 
+    def _library_inference(self, input: Tensor, hx: Any) -> Callable[..., None] | None:
+        """Where this call is a dense float32 inference forward (no gradient can be asked for,
+        no dropout applies) whose plan in use runs torch's own fused LSTM (the plan field
+        ``library_lstm``), what to call with its cost once torch's forward ran it; else None
+        (lstmgrad's path, which plans as usual)."""
+        if input.dtype != torch.float32 or input.dim() != 3 or torch.is_autocast_enabled("cpu"):
+            return None
+        if self.training and self.dropout > 0 and self.num_layers > 1:
+            return None
+        if torch.is_grad_enabled():
+            tensors = [input, *(hx or ()), *self._flat_weights]
+            if any(t is not None and t.requires_grad for t in tensors):
+                return None
+        steps, batch = input.shape[:2] if not self.batch_first else input.shape[1::-1]
+        dims = Dims(steps, batch, self.input_size, self.hidden_size, self.num_layers,
+                    2 if self.bidirectional else 1, self.bias)  # fmt: skip
+        done = library_inference(dims)
+        return None if done is None else functools.partial(done, work=max(steps * batch, 1))
+
     def forward(self, input: Any, hx: Any = None) -> Any:  # noqa: D102 (torch.nn.LSTM's)
         data = input.data if isinstance(input, PackedSequence) else input
         if not self._runs_here(data) or _recorded_for_elsewhere():
             return super().forward(input, hx)
+        if not isinstance(input, PackedSequence):  # variable lengths: the engine's
+            done = self._library_inference(input, hx)
+            if done is not None:  # torch's forward, timed for the planner's in-use check
+                start = time.perf_counter()
+                result = super().forward(input, hx)
+                done(time.perf_counter() - start)
+                return result
         self._update_flat_weights()
         k = self.num_layers * (2 if self.bidirectional else 1)
         if isinstance(input, PackedSequence):
