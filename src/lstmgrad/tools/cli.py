@@ -627,11 +627,14 @@ def _check_lstmgrad_dump(args: argparse.Namespace) -> int:
     extra = [o for o, v in (("--csv", args.csv), ("--json", args.json),
                             ("--no-dropout", args.no_dropout), ("--num-layers", args.num_layers),
                             ("--bidirectional", args.bidirectional), ("--no-bias", args.no_bias),
-                            ("--batch-first", args.batch_first),
-                            ("--allow-dump-data-dir", args.allow_dump_data_dir)) if v]  # fmt: skip
+                            ("--batch-first", args.batch_first)) if v]  # fmt: skip
     if extra:
         print(f"lstmgrad check: {', '.join(extra)} apply to msProbe and kernel dumps, not to a "
               "lstmgrad.dump file", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.allow_dump_data_dir:
+        print("lstmgrad check: --allow-dump-data-dir applies to msProbe dumps (dump.json), not "
+              "to a lstmgrad.dump file", file=sys.stderr)  # fmt: skip
         return 2
     if args.rule == "msprobe":  # pragma: no cover - kept for the message
         print("lstmgrad check: --rule msprobe applies to msProbe and kernel dumps; a "

@@ -158,7 +158,7 @@ def _read_pt(path: Path) -> np.ndarray:
         t = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         text = str(exc)
-        if "torch_npu" in text or "npu" in text.lower().split("weights only")[0]:
+        if "torch_npu" in text:
             raise Unavailable(
                 f"{path.name} holds a tensor saved on an Ascend NPU, which loads only where "
                 "torch_npu is installed: run lstmgrad check there, or have the dump's tensors "
@@ -239,7 +239,7 @@ def _number(v: Any) -> float | None:
     try:
         return float(v)
     except OverflowError:  # an integer beyond float's range
-        return math.copysign(math.inf, v)
+        return math.inf if v > 0 else -math.inf
 
 
 def _tensor_path(folder: Path, name: str, key: str) -> Path:
@@ -574,17 +574,20 @@ class _Packing:
         if batch_sizes.dtype.kind not in "iu" or batch_sizes.ndim != 1 or batch_sizes.size == 0:
             raise Unreadable(f"{key}: batch_sizes must be a non-empty 1-D integer tensor, got "
                              f"{batch_sizes.dtype} {list(batch_sizes.shape)}")  # fmt: skip
-        if (batch_sizes < 1).any() or (batch_sizes > MAX_ELEMENTS).any():
-            raise Unreadable(f"{key}: batch_sizes must be counts of at least 1, got "
-                             f"{_brief(batch_sizes.tolist())}")  # fmt: skip
+        if data.ndim != 2:
+            raise Unreadable(f"{data_key}: packed data must be 2-D [rows, I], got "
+                             f"{list(data.shape)}")  # fmt: skip
+        rows = data.shape[0]
+        if (batch_sizes < 1).any() or (batch_sizes > rows).any():
+            raise Unreadable(f"{key}: batch_sizes must be counts from 1 to {rows} (the packed "
+                             f"data's rows), got {_brief(batch_sizes.tolist())}")  # fmt: skip
         bs = batch_sizes.astype(np.int64)
         if (np.diff(bs) > 0).any():
             raise Unreadable(f"{key}: batch_sizes must not increase (a PackedSequence's), got "
                              f"{_brief(bs.tolist())}")  # fmt: skip
-        rows = int(bs.sum())
-        if data.ndim != 2 or data.shape[0] != rows:
-            raise Unreadable(f"{data_key}: packed data must have shape [{rows}, I] (the sum of "
-                             f"the batch sizes), got {list(data.shape)}")  # fmt: skip
+        if int(bs.sum()) != rows:
+            raise Unreadable(f"{key}: batch_sizes add up to {int(bs.sum())}, the packed data "
+                             f"{data_key} has {rows} rows")  # fmt: skip
         if bs.size * int(bs[0]) * max(data.shape[1], 1) > MAX_PADDED:
             raise Skip(f"{data_key}: padded to [T {bs.size}, B {int(bs[0])}, I "
                        f"{data.shape[1]}] for the engines it would exceed 2^28 elements")  # fmt: skip
@@ -906,12 +909,16 @@ def _module_config(name: str, params: Any) -> tuple[int, bool, bool, list[str]]:
     for p in params:
         m = PARAM_NAME.match(p)
         if not m:
-            raise Skip(f"{name}.parameters.{p}: not a torch.nn.LSTM parameter name")
+            raise Skip(f"{_short_key(f'{name}.parameters.{p}')}: not a torch.nn.LSTM parameter "
+                       "name")  # fmt: skip
         if m.group(2) == "hr":
             raise Skip("proj_size > 0 (weight_hr_l* recorded): LSTMs with projections are "
                        "outside the operator")  # fmt: skip
         seen[p] = m
     layers = 1 + max(int(m.group(3)) for m in seen.values())
+    if layers > MAX_LAYERS:
+        raise Unreadable(f"{name}.parameters: layer {layers - 1} named; an LSTM of more than "
+                         f"{MAX_LAYERS} layers is not read")  # fmt: skip
     bidir = any(m.group(4) for m in seen.values())
     has_bias = any(m.group(1) == "bias" for m in seen.values())
     order = expected_params(layers, bidir, has_bias)
