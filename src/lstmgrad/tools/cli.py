@@ -465,8 +465,10 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
             "msProbe's terms. PATH is an msProbe dump (dump.json, a rank or step folder, or the "
             "dump root: every rank and step found is checked), a folder of 'msprobe parse -t "
             "npy' files with --aclnn-backward/--aclnn-forward, or a .npz/.pt file written by "
-            "lstmgrad.dump. Exit status: 0 every LSTM call found passes, 1 one fails, 2 one "
-            "could not be checked (or none was).",
+            "lstmgrad.dump. Files are read inside PATH only (see --allow-dump-data-dir), and "
+            "nothing in a dump is executed. Exit status: 0 every LSTM call found passes, 1 one "
+            "fails, 2 one could not be checked (or none was), or the dump was refused or is "
+            "not a dump.",
             78,
         ),
         epilog=CHECK_EPILOG,
