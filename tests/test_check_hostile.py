@@ -373,6 +373,12 @@ MALFORMED = {  # id: (path to a node, field, value, what the message says)
         [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],
         "nested deeper than 32 levels",
     ),
+    "value-nested": (
+        (VF_IN, "input_args"),
+        1,
+        {"type": "int", "value": "@DEEP500@"},
+        "field 'value' nested deeper than 32 levels",
+    ),
     "layer-index-huge": (
         (MOD_FWD, "parameters"),
         "weight_ih_l9999",
@@ -391,7 +397,8 @@ def test_a_malformed_entry_is_exit_2_naming_the_entry_and_field(world, where, fi
         del node[field]
     else:
         node[field] = value
-    _save(world["rank"], doc)
+    (world["rank"] / "dump.json").write_text(
+        json.dumps(doc).replace('"@DEEP500@"', "[" * 500 + "]" * 500))  # fmt: skip
     rc, out, err = _check(str(world["dump"]))
     assert rc == 2 and err == "" and message in out, out
     assert where[0] in out.split(message)[0].rsplit("\n", 1)[-1], out  # the entry, on its line

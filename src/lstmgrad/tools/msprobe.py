@@ -198,11 +198,25 @@ def _decode(node: Any, key: str, folder: Path, depth: int = 0) -> Any:
     kind = node.get("type")
     if kind in ("torch.Tensor", "numpy.ndarray", "mindspore.Tensor"):
         return _tensor_ref(node, key, folder)
-    if kind in ("bool", "int", "float", "str", "torch.dtype", "slice", "ellipsis"):
-        return node.get("value")
-    if kind is not None and "value" in node:
-        return node["value"]
+    if kind is not None and "value" in node or kind in _SCALAR_KINDS:
+        value = node.get("value")
+        if _deeper(value, MAX_DEPTH - depth):  # kept as it is: its nesting is bounded here
+            raise Unreadable(f"{_short_key(key)}: field 'value' nested deeper than {MAX_DEPTH} "
+                             "levels")  # fmt: skip
+        return value
     return {k: _decode(v, f"{key}.{k}", folder, depth + 1) for k, v in node.items()}
+
+
+_SCALAR_KINDS = ("bool", "int", "float", "str", "torch.dtype", "slice", "ellipsis")
+
+
+def _deeper(v: Any, levels: int) -> bool:
+    """Whether lists and objects nest in ``v`` deeper than ``levels``."""
+    if not isinstance(v, (list, dict)):
+        return False
+    if levels <= 0:
+        return True
+    return any(_deeper(e, levels - 1) for e in (v.values() if isinstance(v, dict) else v))
 
 
 def _short_key(key: str, limit: int = 120) -> str:
@@ -491,17 +505,19 @@ def _flag(value: Any, kind: type, key: str) -> Any:
 
 
 def _describe(v: Any, limit: int = 300) -> str:
-    text = _describe_all(v)
+    text = _describe_all(v, 6)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _describe_all(v: Any) -> str:
+def _describe_all(v: Any, depth: int) -> str:
     if isinstance(v, TensorRef):
         return f"tensor {v.dtype} {list(v.shape)}"
     if isinstance(v, (list, dict)):
+        if depth == 0:
+            return "{...}" if isinstance(v, dict) else "[...]"
         items = list(v.items() if isinstance(v, dict) else enumerate(v))
-        parts = [f"{k}: {_describe_all(e)}" if isinstance(v, dict) else _describe_all(e)
-                 for k, e in items[:16]]  # fmt: skip
+        parts = [f"{k}: {_describe_all(e, depth - 1)}" if isinstance(v, dict) else
+                 _describe_all(e, depth - 1) for k, e in items[:16]]  # fmt: skip
         inner = ", ".join(parts) + (", ..." if len(items) > 16 else "")
         return f"{{{inner}}}" if isinstance(v, dict) else f"[{inner}]"
     return _brief(v)
