@@ -10,6 +10,9 @@ rule and a bound growing with each output's accumulation length.
 
 from __future__ import annotations
 
+import math
+import re
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,21 +170,72 @@ class Dump:
     ignored: list[str] = field(default_factory=list)
 
 
+def torch_file_problem(path: Path) -> str | None:
+    """Why a file is not one that ``torch.load`` may be given, or None.
+
+    torch.save writes a zip archive of uncompressed records, and torch.load allocates each
+    record at the size the archive declares: an archive whose records are compressed, or
+    declare more bytes than the file holds, could make it allocate far more than the file's
+    size, so it is refused before torch sees it (as is the legacy format, which is not a zip).
+    """
+    try:
+        with zipfile.ZipFile(path) as z:
+            records = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        return f"not a torch.save file (not a zip archive: {one_line(exc)})"
+    if any(r.compress_type != zipfile.ZIP_STORED for r in records):
+        return "not a torch.save file (its zip archive holds compressed records)"
+    if sum(r.file_size for r in records) > path.stat().st_size:
+        return "not a torch.save file (its records declare more bytes than the file holds)"
+    return None
+
+
+def torch_load_problem(exc: BaseException) -> str:
+    """One line saying why ``torch.load(..., weights_only=True)`` refused a file (torch's own
+    message is several paragraphs, and suggests loading without weights_only)."""
+    text = str(exc)
+    if "Weights only load failed" in text or "WeightsUnpickler" in text:
+        found = re.search(r"GLOBAL ([\w.]+)", text)
+        what = f" ({found.group(1)})" if found else ""
+        return (f"it holds Python objects besides tensors{what}, which lstmgrad never "
+                "unpickles (torch.load with weights_only=True refused them)")  # fmt: skip
+    return one_line(exc)
+
+
+def one_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's message as one line of at most ``limit`` characters."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _read_raw(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise DumpError(f"no such dump file: {path}")
     if path.suffix == ".pt":
         torch = _torch("lstmgrad check of a .pt dump")
+        problem = torch_file_problem(path)
+        if problem is not None:
+            raise DumpError(f"{path}: {problem}")
         try:
             raw = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise DumpError(f"{path}: not a readable torch.save file: {exc}") from exc
+            raise DumpError(f"{path}: not a lstmgrad.dump file: {torch_load_problem(exc)}") from exc
         if not isinstance(raw, dict):
             raise DumpError(f"{path}: expected a dict of tensors, got {type(raw).__name__}")
-        return {
-            str(k): v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
-            for k, v in raw.items()
-        }
+        out = {}
+        for k, v in raw.items():
+            if isinstance(v, torch.Tensor):
+                try:
+                    out[str(k)] = v.detach().cpu().numpy()
+                except (TypeError, RuntimeError) as exc:
+                    raise DumpError(f"key {str(k)!r}: a tensor NumPy cannot hold ({one_line(exc)})",
+                                    str(k)) from exc  # fmt: skip
+            elif isinstance(v, (bool, int, float)):
+                out[str(k)] = np.asarray(v)
+            else:
+                raise DumpError(f"key {str(k)!r} must be a tensor or a number, got "
+                                f"{type(v).__name__}", str(k))  # fmt: skip
+        return out
     with open(path, "rb") as fh:
         magic = fh.read(4)
     if magic != b"PK\x03\x04":  # NumPy's .npz is a zip archive
@@ -189,9 +243,13 @@ def _read_raw(path: Path) -> dict[str, np.ndarray]:
                         "with numpy.savez)")  # fmt: skip
     try:
         with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+            raw = {k: z[k] for k in z.files}
     except Exception as exc:
-        raise DumpError(f"{path}: not a readable .npz file: {exc}") from exc
+        raise DumpError(f"{path}: not a readable .npz file: {one_line(exc)}") from exc
+    for k, v in raw.items():
+        if v.dtype.kind not in "biuf":
+            raise DumpError(f"key {k!r} must hold numbers, got dtype {v.dtype}", k)
+    return raw
 
 
 def _scalar(raw: dict[str, np.ndarray], key: str, kind: type, default: Any = None) -> Any:
@@ -202,7 +260,12 @@ def _scalar(raw: dict[str, np.ndarray], key: str, kind: type, default: Any = Non
     v = raw[key]
     if v.shape != ():
         raise DumpError(f"key {key!r} must be a scalar, got shape {list(v.shape)}", key)
-    return kind(v.item())
+    item = v.item()
+    if kind is int and not (isinstance(item, int) or float(item).is_integer()):
+        raise DumpError(f"key {key!r} must be an integer, got {item!r}", key)
+    if kind is float and not math.isfinite(item):
+        raise DumpError(f"key {key!r} must be a finite number, got {item!r}", key)
+    return kind(item)
 
 
 def _listed(raw: dict[str, np.ndarray], name: str, n: int, what: str) -> list[np.ndarray]:

@@ -465,8 +465,10 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
             "msProbe's terms. PATH is an msProbe dump (dump.json, a rank or step folder, or the "
             "dump root: every rank and step found is checked), a folder of 'msprobe parse -t "
             "npy' files with --aclnn-backward/--aclnn-forward, or a .npz/.pt file written by "
-            "lstmgrad.dump. Exit status: 0 every LSTM call found passes, 1 one fails, 2 one "
-            "could not be checked (or none was).",
+            "lstmgrad.dump. Files are read inside PATH only (see --allow-dump-data-dir), and "
+            "nothing in a dump is executed. Exit status: 0 every LSTM call found passes, 1 one "
+            "fails, 2 one could not be checked (or none was), or the dump was refused or is "
+            "not a dump.",
             78,
         ),
         epilog=CHECK_EPILOG,
@@ -493,6 +495,11 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
                    help="largest errors located per failing output (default 3)")  # fmt: skip
     p.add_argument("--csv", metavar="FILE", help="also write one row per (call, output)")
     p.add_argument("--json", metavar="FILE", help="also write the whole report as JSON")
+    p.add_argument("--allow-dump-data-dir", action="store_true",
+                   help="read an msProbe dump's tensor files from a folder outside PATH: the "
+                   "dump_data_dir that dump.json records (used when no dump_tensor_data is "
+                   "beside it), or a dump_tensor_data that is a link out of PATH; without it "
+                   "such a dump is refused (exit 2)")  # fmt: skip
     p.add_argument("--no-dropout", action="store_true",
                    help="the model ran without dropout between LSTM layers (dropout 0 or eval "
                    "mode): judge every layer of Module-level calls, which do not record it")  # fmt: skip
@@ -531,7 +538,41 @@ def _judge_dump(args: argparse.Namespace, path: Path, rule: str, factor: float) 
         kind = "backward" if args.aclnn_backward else "forward"
         return msprobe.check_kernel(path, kind, cfg, rule=rule, factor=factor, top=args.top)
     return msprobe.check_dump(path, rule=rule, factor=factor, top=args.top,
-                              no_dropout=args.no_dropout)  # fmt: skip
+                              no_dropout=args.no_dropout,
+                              allow_dump_data_dir=args.allow_dump_data_dir)  # fmt: skip
+
+
+def _output_problem(option: str, value: str) -> str | None:
+    """Why the file an output option names cannot be written, or None."""
+    p = Path(value)
+    if p.is_dir():
+        return f"{option} {value}: is a folder; give a file name"
+    if not p.parent.is_dir():
+        return f"{option} {value}: no folder {p.parent} to write it in"
+    if p.exists() and not os.access(p, os.W_OK):
+        return f"{option} {value}: the file is not writable"
+    if not p.exists() and not os.access(p.parent, os.W_OK | os.X_OK):
+        return f"{option} {value}: the folder {p.parent} is not writable"
+    return None
+
+
+def _write_outputs(args: argparse.Namespace, reports: list[Any], rule: str,
+                   factor: float) -> str | None:  # fmt: skip
+    """Write --csv and --json; the first failure's message, or None."""
+    from . import report
+
+    try:
+        if args.csv:
+            with open(args.csv, "w", newline="", encoding="utf-8") as fh:
+                report.write_csv(reports, fh)
+            print(f"csv      {args.csv}")
+        if args.json:
+            Path(args.json).write_text(report.to_json(reports, rule, factor), encoding="utf-8")
+            print(f"json     {args.json}")
+    except OSError as exc:
+        option = "--json" if args.json and getattr(exc, "filename", None) == args.json else "--csv"
+        return f"{option}: could not write it ({exc.strerror or exc})"
+    return None
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -541,6 +582,17 @@ def _check(args: argparse.Namespace) -> int:
     if args.rule == "rtol":
         print("lstmgrad check: --rule rtol applies to lstmgrad.dump files only; msProbe and "
               "kernel dumps take msprobe, bound or both", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.allow_dump_data_dir and (args.aclnn_backward or args.aclnn_forward):
+        print("lstmgrad check: --allow-dump-data-dir applies to msProbe dumps (dump.json), not "
+              "to kernel-level files", file=sys.stderr)  # fmt: skip
+        return 2
+    outputs = [(o, v) for o, v in (("--csv", args.csv), ("--json", args.json)) if v]
+    problems = [m for o, v in outputs if (m := _output_problem(o, v))]
+    if len(outputs) == 2 and Path(args.csv).resolve() == Path(args.json).resolve():
+        problems.append(f"--csv and --json name the same file, {args.csv}")
+    if problems:  # before any work: a check can take minutes
+        print(f"lstmgrad check: {problems[0]}", file=sys.stderr)
         return 2
     from . import msprobe, report
 
@@ -552,20 +604,21 @@ def _check(args: argparse.Namespace) -> int:
     except msprobe.DumpReadError as exc:
         print(f"lstmgrad check: {exc}", file=sys.stderr)
         return 2
+    except msprobe.DumpRefused as exc:
+        print(f"lstmgrad check: refused: {exc}", file=sys.stderr)
+        return 2
     print("against  lstmgrad's float64 reference; 'x' columns: the device's metric divided by "
           "lstmgrad's fused engine's (or the correctly rounded reference's, where larger): "
           "msProbe's benchmark standard")  # fmt: skip
     print()
     print("\n".join(report.table(reports, rule)))
-    if args.csv:
-        with open(args.csv, "w", newline="", encoding="utf-8") as fh:
-            report.write_csv(reports, fh)
-        print(f"csv      {args.csv}")
-    if args.json:
-        Path(args.json).write_text(report.to_json(reports, rule, factor), encoding="utf-8")
-        print(f"json     {args.json}")
     status = report.exit_status(reports)
+    problem = _write_outputs(args, reports, rule, factor)
+    if problem is not None:  # what was asked for is missing: not a pass, still a failure
+        status = 1 if status == 1 else 2
     print(f"result   {report.summary(reports)}: exit {status}")
+    if problem is not None:
+        print(f"lstmgrad check: {problem}", file=sys.stderr)
     return status
 
 
@@ -580,6 +633,10 @@ def _check_lstmgrad_dump(args: argparse.Namespace) -> int:
     if extra:
         print(f"lstmgrad check: {', '.join(extra)} apply to msProbe and kernel dumps, not to a "
               "lstmgrad.dump file", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.allow_dump_data_dir:
+        print("lstmgrad check: --allow-dump-data-dir applies to msProbe dumps (dump.json), not "
+              "to a lstmgrad.dump file", file=sys.stderr)  # fmt: skip
         return 2
     if args.rule == "msprobe":  # pragma: no cover - kept for the message
         print("lstmgrad check: --rule msprobe applies to msProbe and kernel dumps; a "

@@ -380,6 +380,13 @@ def judge(case: Case, rule: str = "bound", factor: float = metrics.BOUND_FACTOR,
     Raises:
         CaseError: the dump's arguments break the operator's contract (names the dump key).
     """
+    want_bwd = bool(case.backward) and case.grads_in is not None and not case.upper_layers_unknown
+    try:  # the engines validate the call first: the shapes read below are the contract's
+        ref = _run(case, "reference", want_bwd)
+        fused = _run(case, "fused", want_bwd)
+    except LstmArgumentError as exc:
+        key = case.keys.get(exc.param or "", exc.param)
+        raise CaseError(f"{key}: {exc}") from exc
     d = 2 if case.bidirectional else 1
     t_axis = 1 if case.batch_first else 0
     steps = len(case.batch_sizes) if case.batch_sizes is not None else case.x.shape[t_axis]
@@ -392,13 +399,6 @@ def judge(case: Case, rule: str = "bound", factor: float = metrics.BOUND_FACTOR,
             f"{' bias' if case.has_bias else ' no bias'}"
             f"{' variable lengths' if case.batch_sizes is not None else ''}")  # fmt: skip
     rep = CallReport(case.name, case.source, "", case.dtype, dims, notes=list(case.notes))
-    want_bwd = bool(case.backward) and case.grads_in is not None and not case.upper_layers_unknown
-    try:
-        ref = _run(case, "reference", want_bwd)
-        fused = _run(case, "fused", want_bwd)
-    except LstmArgumentError as exc:
-        key = case.keys.get(exc.param or "", exc.param)
-        raise CaseError(f"{key}: {exc}") from exc
     for dev in case.forward:
         r, f = ref.forward.get(dev.label), fused.forward.get(dev.label)
         if case.upper_layers_unknown and case.num_layers > 1:

@@ -11,12 +11,16 @@ Two routes lead to a :class:`lstmgrad.tools.golden.Case`:
   argument of aclnnLstmBackward or aclnnLSTM, in the kernel's order.
 
 Tensor files are read on the CPU with ``torch.load(..., weights_only=True)`` (``.pt``) or
-``numpy.load`` (``.npy``, older dumps); nothing in a dump is executed.
+``numpy.load`` (``.npy``, older dumps); nothing in a dump is executed. A dump is untrusted input
+(docs/check.md#what-a-dump-can-make-the-checker-do): every file read lies inside the dump (a
+``data_name`` that leads out of the tensor folder refuses the dump), and no size a dump declares
+is allocated before the file holding the data is known to hold that much.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +31,7 @@ import numpy as np
 
 from ..core.errors import torch_missing
 from ..core.layout import Dims, num_params, param_name
+from .check import one_line, torch_file_problem, torch_load_problem
 from .golden import SAVED, CallReport, Case, CaseError, Device, expected_params, judge
 from .metrics import BOUND_FACTOR
 
@@ -36,16 +41,27 @@ API_BACKWARD = re.compile(r"^(VF|Torch|Aten)\.lstm(\.[A-Za-z_]\w*)?\.(\d+)\.back
 MODULE_BACKWARD = re.compile(r"^Module\.(.+)\.LSTM\.backward\.(\d+)$")
 PARAMETERS_GRAD = re.compile(r"^Module\.(.+)\.LSTM\.parameters_grad(\.\d+)?$")
 NPU_LSTM = re.compile(r"^NPU\.npu_lstm\w*\.(\d+)\.forward$")
-PARAM_NAME = re.compile(r"^(weight|bias)_(ih|hh|hr)_l(\d+)(_reverse)?$")
+PARAM_NAME = re.compile(r"^(weight|bias)_(ih|hh|hr)_l(\d{1,4})(_reverse)?$")
 NPU_LSTM_REASON = (
     "torch_npu's own LSTM op: its argument layout is not documented, so it is not recomputed "
     "(a torch.nn.LSTM in the model appears as a Module.*.LSTM entry and is checked)"
 )
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+MAX_DEPTH = 32  # nesting of a dump.json value; msProbe's LSTM entries nest 4 levels
+MAX_ELEMENTS = 2**34  # more than any tensor an NPU could have dumped (64 GiB in float32)
+MAX_LAYERS = 1024
+MAX_PADDED = 2**28  # elements of a packed input padded to [T, B, I] for the engines
+ALLOW_OPTION = "--allow-dump-data-dir"
 
 
 class DumpReadError(Exception):
     """A dump that cannot be read at all: no dump.json, or one that is not msProbe's JSON."""
+
+
+class DumpRefused(Exception):
+    """A dump that points outside itself: a ``data_name`` leading out of its tensor folder, a
+    dump.json or tensor folder that links out of the dump, or a recorded ``dump_data_dir``
+    elsewhere (followed only when allowed). Nothing of such a dump is judged."""
 
 
 class Unavailable(Exception):
@@ -76,8 +92,7 @@ class TensorRef:
     dtype: str
     shape: tuple[int, ...]
     stats: dict[str, Any]
-    data_name: str | None
-    folder: Path
+    path: Path | None  # the file data_name names, inside the tensor folder; None: no file
     requires_grad: bool | None = None
 
     def load(self) -> np.ndarray:
@@ -86,10 +101,10 @@ class TensorRef:
         Raises:
             Unavailable: no file (statistics task), a missing file, or one that does not load.
         """
-        if not self.data_name:
+        if self.path is None:
             raise Unavailable(f"{self.key}: no tensor file (dump.json was written by task "
                               "'statistics'; a golden needs task 'tensor')", "statistics")  # fmt: skip
-        path = self.folder / self.data_name
+        path = self.path
         if not path.is_file():
             raise Unavailable(f"{self.key}: tensor file {path} is missing", "missing")
         arr = _read_npy(path) if path.suffix == ".npy" else _read_pt(path)
@@ -103,10 +118,31 @@ class TensorRef:
 
 
 def _read_npy(path: Path) -> np.ndarray:
+    """A .npy file's array; its header is read first, and the data only when the file holds
+    as many bytes as the header declares (so a header cannot make numpy allocate more)."""
+    fmt = np.lib.format
     try:
-        return np.load(path, allow_pickle=False)
+        with open(path, "rb") as fh:
+            version = fmt.read_magic(fh)
+            if version not in ((1, 0), (2, 0)):
+                raise ValueError(f".npy format version {version[0]}.{version[1]}")
+            read_header = (fmt.read_array_header_1_0 if version == (1, 0) else
+                           fmt.read_array_header_2_0)  # fmt: skip
+            shape, _, dtype = read_header(fh)
+            if dtype.hasobject:
+                raise ValueError("it holds Python objects (a pickle), which are never loaded")
+            if dtype.kind not in "biuf":
+                raise ValueError(f"dtype {dtype} is not numbers")
+            declared = math.prod(shape) * dtype.itemsize
+            held = path.stat().st_size - fh.tell()
+            if held < declared:
+                raise ValueError(f"its header declares {list(shape)} {dtype} ({declared} bytes), "
+                                 f"the file holds {held}")  # fmt: skip
+            fh.seek(0)
+            return fmt.read_array(fh, allow_pickle=False)
     except Exception as exc:
-        raise Unavailable(f"{path}: not a readable .npy file ({exc})", "unloadable") from exc
+        raise Unavailable(f"{path.name}: not a readable .npy file ({one_line(exc)})",
+                          "unloadable") from exc  # fmt: skip
 
 
 def _read_pt(path: Path) -> np.ndarray:
@@ -115,71 +151,169 @@ def _read_pt(path: Path) -> np.ndarray:
     except ImportError as exc:
         raise Unavailable(str(torch_missing("reading msProbe's .pt tensor files")),
                           "unloadable") from exc  # fmt: skip
+    problem = torch_file_problem(path)
+    if problem is not None:
+        raise Unavailable(f"{path.name}: {problem}", "unloadable")
     try:
         t = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         text = str(exc)
-        if "npu" in text.lower():
+        if "torch_npu" in text:
             raise Unavailable(
                 f"{path.name} holds a tensor saved on an Ascend NPU, which loads only where "
                 "torch_npu is installed: run lstmgrad check there, or have the dump's tensors "
-                f"moved to the CPU before saving ({text.splitlines()[0][:200]})",
-                "unloadable",
-            ) from exc
-        raise Unavailable(f"{path.name}: not a readable torch.save file ({text.splitlines()[0][:200]})",
-                          "unloadable") from exc  # fmt: skip
+                "moved to the CPU before saving", "unloadable",
+            ) from exc  # fmt: skip
+        raise Unavailable(f"{path.name}: not a readable torch.save file "
+                          f"({torch_load_problem(exc)})", "unloadable") from exc  # fmt: skip
     if not isinstance(t, torch.Tensor):
         raise Unavailable(f"{path.name}: holds a {type(t).__name__}, not a tensor", "unloadable")
-    t = t.detach().cpu()
-    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+    try:
+        t = t.detach().cpu()
+        arr = (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+    except (TypeError, RuntimeError) as exc:
+        raise Unavailable(f"{path.name}: a {t.dtype} tensor, which NumPy cannot hold "
+                          f"({one_line(exc)})", "unloadable") from exc  # fmt: skip
+    if arr.dtype.kind not in "biuf":
+        raise Unavailable(f"{path.name}: a {t.dtype} tensor, not real numbers", "unloadable")
+    return arr
 
 
-def _decode(node: Any, key: str, folder: Path) -> Any:
-    """A dump.json value as Python: TensorRef, bool/int/float/str, list, dict or None."""
+def _decode(node: Any, key: str, folder: Path, depth: int = 0) -> Any:
+    """A dump.json value as Python: TensorRef, bool/int/float/str, list, dict or None.
+
+    Raises:
+        Unreadable: a tensor entry with a field of the wrong kind, or nesting beyond MAX_DEPTH.
+        DumpRefused: a tensor's data_name leads out of the tensor folder ``folder`` (resolved).
+    """
     if node is None:
         return None
+    if depth > MAX_DEPTH:
+        raise Unreadable(f"{_short_key(key)}: nested deeper than {MAX_DEPTH} levels (msProbe's "
+                         "entries nest a few)")  # fmt: skip
     if isinstance(node, list):
-        return [_decode(v, f"{key}.{i}", folder) for i, v in enumerate(node)]
+        return [_decode(v, f"{key}.{i}", folder, depth + 1) for i, v in enumerate(node)]
     if not isinstance(node, dict):
         return node
     kind = node.get("type")
     if kind in ("torch.Tensor", "numpy.ndarray", "mindspore.Tensor"):
-        dtype = str(node.get("dtype", "")).replace("torch.", "")
-        shape = node.get("shape")
-        if not isinstance(shape, list):
-            raise Unreadable(f"{key}: tensor entry without a shape list")
-        stats = {s: node.get(s) for s in ("Max", "Min", "Mean", "Norm")}
-        rg = node.get("requires_grad")
-        return TensorRef(key, dtype, tuple(int(v) for v in shape), stats, node.get("data_name"),
-                         folder, rg if isinstance(rg, bool) else None)  # fmt: skip
-    if kind in ("bool", "int", "float", "str", "torch.dtype", "slice", "ellipsis"):
-        return node.get("value")
-    if kind is not None and "value" in node:
-        return node["value"]
-    return {k: _decode(v, f"{key}.{k}", folder) for k, v in node.items()}
+        return _tensor_ref(node, key, folder)
+    if kind is not None and "value" in node or kind in _SCALAR_KINDS:
+        value = node.get("value")
+        if _deeper(value, MAX_DEPTH - depth):  # kept as it is: its nesting is bounded here
+            raise Unreadable(f"{_short_key(key)}: field 'value' nested deeper than {MAX_DEPTH} "
+                             "levels")  # fmt: skip
+        return value
+    return {k: _decode(v, f"{key}.{k}", folder, depth + 1) for k, v in node.items()}
+
+
+_SCALAR_KINDS = ("bool", "int", "float", "str", "torch.dtype", "slice", "ellipsis")
+
+
+def _deeper(v: Any, levels: int) -> bool:
+    """Whether lists and objects nest in ``v`` deeper than ``levels``."""
+    if not isinstance(v, (list, dict)):
+        return False
+    if levels <= 0:
+        return True
+    return any(_deeper(e, levels - 1) for e in (v.values() if isinstance(v, dict) else v))
+
+
+def _short_key(key: str, limit: int = 120) -> str:
+    return key if len(key) <= limit else key[: limit - 3] + "..."
+
+
+def _tensor_ref(node: dict[str, Any], key: str, folder: Path) -> TensorRef:
+    """A tensor entry of dump.json, its fields checked (each error names the field)."""
+    dtype = node.get("dtype")
+    if not isinstance(dtype, str):
+        raise Unreadable(f"{key}: field 'dtype' must be a dtype name, got {_brief(dtype)}")
+    shape = node.get("shape")
+    if not (isinstance(shape, list) and len(shape) <= 64 and
+            all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in shape)):  # fmt: skip
+        raise Unreadable(f"{key}: field 'shape' must be a list of non-negative integers, got "
+                         f"{_brief(shape)}")  # fmt: skip
+    if math.prod(shape) > MAX_ELEMENTS:
+        raise Unreadable(f"{key}: field 'shape' {shape} declares more than 2^34 elements, more "
+                         "than any device tensor")  # fmt: skip
+    name = node.get("data_name")
+    if name is not None and not isinstance(name, str):
+        raise Unreadable(f"{key}: field 'data_name' must be a file name, got {_brief(name)}")
+    stats = {s: _number(node.get(s)) for s in ("Max", "Min", "Mean", "Norm")}
+    rg = node.get("requires_grad")
+    path = _tensor_path(folder, name, key) if name else None
+    return TensorRef(key, dtype.replace("torch.", ""), tuple(shape), stats, path,
+                     rg if isinstance(rg, bool) else None)  # fmt: skip
+
+
+def _number(v: Any) -> float | None:
+    """A recorded statistic as a float (None when it is not a number)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        return float(v)
+    except OverflowError:  # an integer beyond float's range
+        return math.inf if v > 0 else -math.inf
+
+
+def _tensor_path(folder: Path, name: str, key: str) -> Path:
+    """The file a data_name names: relative to the tensor folder ``folder`` (resolved), with no
+    '..', and inside it once links are followed.
+
+    Raises:
+        DumpRefused: the name leads anywhere else.
+    """
+    where = f"{key}: field 'data_name' {_brief(name)}"
+    if "\x00" in name:
+        raise DumpRefused(f"{where} holds a NUL character")
+    rel = Path(name)
+    if rel.is_absolute():
+        raise DumpRefused(f"{where} is an absolute path; a dump names its tensor files relative "
+                          "to its tensor folder")  # fmt: skip
+    if ".." in rel.parts:
+        raise DumpRefused(f"{where} climbs out of the tensor folder with '..'")
+    try:
+        real = (folder / rel).resolve()
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise DumpRefused(f"{where} cannot be resolved ({one_line(exc)})") from exc
+    if not real.is_relative_to(folder):
+        raise DumpRefused(f"{where} is a link to {real}, outside the tensor folder {folder}")
+    return real
 
 
 # --------------------------------------------------------------------------- finding dumps
 
 
+def dump_root(path: str | Path) -> Path:
+    """The folder a dump may read from: ``path`` itself, or the folder of the dump.json given,
+    links resolved."""
+    p = Path(path)
+    return (p if p.is_dir() else p.parent).resolve()
+
+
 def dump_files(path: str | Path) -> list[Path]:
     """Every dump.json a path stands for: the file itself, a rank or step folder, or the dump
-    root (searched below).
+    root (searched below; links to folders are not followed).
 
     Raises:
         DumpReadError: the path does not exist or holds no dump.json.
+        DumpRefused: a dump.json below ``path`` is a link to a file outside it.
     """
     p = Path(path)
     if p.is_file():
         return [p]
     if not p.is_dir():
         raise DumpReadError(f"{p}: no such file or folder")
-    if (p / "dump.json").is_file():
-        return [p / "dump.json"]
-    found = sorted(p.rglob("dump.json"), key=lambda f: _natural(str(f.relative_to(p))))
+    found = [p / "dump.json"] if (p / "dump.json").is_file() else sorted(
+        p.rglob("dump.json"), key=lambda f: _natural(str(f.relative_to(p))))  # fmt: skip
     if not found:
         raise DumpReadError(f"{p}: no dump.json in it or below it (msProbe writes "
                             "step{N}/rank{R}/dump.json under its dump_path)")  # fmt: skip
+    root = dump_root(p)
+    for f in found:
+        real = f.resolve()
+        if not real.is_relative_to(root):
+            raise DumpRefused(f"{f} is a link to {real}, outside the dump {root}")
     return found
 
 
@@ -195,25 +329,51 @@ def read_dump_json(path: Path) -> dict[str, Any]:
     """
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DumpReadError(f"{path}: not readable as JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise DumpReadError(f"{path}: not readable as JSON (nested too deeply to parse): not "
+                            "an msProbe dump.json") from exc  # fmt: skip
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise DumpReadError(f"{path}: not readable as JSON ({one_line(exc)}): not an msProbe "
+                            "dump.json") from exc  # fmt: skip
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
         raise DumpReadError(f"{path}: not an msProbe dump.json (no \"data\" object at the top "
                             "level)")  # fmt: skip
     fw = doc.get("framework")
     if fw not in (None, "pytorch"):
-        raise DumpReadError(f"{path}: framework {fw!r}; lstmgrad check reads PyTorch dumps")
+        raise DumpReadError(f"{path}: framework {_brief(fw)}; lstmgrad check reads PyTorch dumps")
     return doc
 
 
-def tensor_folder(dump_json: Path, doc: dict[str, Any]) -> Path:
-    """Where the tensor files are: dump_tensor_data beside dump.json (the dump may have been
-    copied from another machine, so its recorded dump_data_dir comes second)."""
+def tensor_folder(dump_json: Path, doc: dict[str, Any], root: Path | None = None,
+                  allow_outside: bool = False) -> Path:  # fmt: skip
+    """Where the tensor files are, resolved: dump_tensor_data beside dump.json (the dump may
+    have been copied from another machine, so its recorded dump_data_dir comes second).
+
+    Args:
+        dump_json: the file.
+        doc: its contents.
+        root: the dump's folder (default: dump.json's).
+        allow_outside: follow a tensor folder that lies outside ``root``.
+
+    Raises:
+        DumpRefused: the folder lies outside ``root`` and ``allow_outside`` is False.
+    """
+    root = dump_json.parent.resolve() if root is None else root
     local = dump_json.parent / "dump_tensor_data"
     recorded = doc.get("dump_data_dir")
-    if not local.is_dir() and isinstance(recorded, str) and Path(recorded).is_dir():
-        return Path(recorded)
-    return local
+    if not local.is_dir() and isinstance(recorded, str) and recorded and Path(recorded).is_dir():
+        real = Path(recorded).resolve()
+        if not (real.is_relative_to(root) or allow_outside):
+            raise DumpRefused(f"{dump_json}: no dump_tensor_data folder beside it, and the "
+                              f"dump_data_dir it records, {_brief(recorded, 200)}, lies outside "
+                              f"the dump {root}: give {ALLOW_OPTION} to read its tensor files "
+                              "there")  # fmt: skip
+        return real
+    real = local.resolve()
+    if not (real.is_relative_to(root) or allow_outside):
+        raise DumpRefused(f"{local} is a link to {real}, outside the dump {root}: give "
+                          f"{ALLOW_OPTION} to read its tensor files there")  # fmt: skip
+    return real
 
 
 # --------------------------------------------------------------------------- LSTM calls
@@ -231,7 +391,8 @@ class Found:
     unreadable: str | None = None
 
 
-def lstm_calls(dump_json: Path, *, no_dropout: bool = False, label: str = "") -> Iterator[Found]:
+def lstm_calls(dump_json: Path, *, no_dropout: bool = False, label: str = "",
+               root: Path | None = None, allow_dump_data_dir: bool = False) -> Iterator[Found]:  # fmt: skip
     """Every LSTM call of one dump.json, in the order the dump lists them.
 
     Args:
@@ -239,13 +400,18 @@ def lstm_calls(dump_json: Path, *, no_dropout: bool = False, label: str = "") ->
         no_dropout: module calls ran without dropout between layers (Module entries do not
             record dropout or training mode).
         label: how the source is named in the report (default: the path).
+        root: the dump's folder, resolved: tensor files are read inside it only (default:
+            dump.json's folder).
+        allow_dump_data_dir: read the tensor files from a folder outside ``root`` where the
+            dump's tensor folder lies there (a recorded dump_data_dir, or a link).
 
     Raises:
         DumpReadError: the file is unreadable.
+        DumpRefused: the dump points outside itself (see :class:`DumpRefused`).
     """
     doc = read_dump_json(dump_json)
     data: dict[str, Any] = doc["data"]
-    folder = tensor_folder(dump_json, doc)
+    folder = tensor_folder(dump_json, doc, root, allow_dump_data_dir)
     src = label or str(dump_json)
     module_calls: dict[str, int] = {}
     grads_of: dict[str, list[str]] = {}  # module path -> its parameters_grad entries
@@ -284,6 +450,8 @@ def lstm_calls(dump_json: Path, *, no_dropout: bool = False, label: str = "") ->
                                       "and its recorded parameter gradients accumulate over the "
                                       "calls: not judged per call")  # fmt: skip
                 yield _found(name, src, case)
+        except DumpRefused as exc:
+            raise DumpRefused(f"{src}: {exc}") from None
         except Skip as exc:
             yield Found(name, src, "module" if mod else "api", skipped=str(exc))
         except (Unreadable, Unavailable) as exc:
@@ -329,17 +497,49 @@ def _flag(value: Any, kind: type, key: str) -> Any:
         isinstance(value, kind) and not isinstance(value, bool) or
         (kind is float and isinstance(value, int) and not isinstance(value, bool)))  # fmt: skip
     if not ok:
-        raise Unreadable(f"{key}: expected a {kind.__name__}, got {value!r}")
-    return kind(value)
+        raise Unreadable(f"{key}: expected a {kind.__name__}, got {_brief(value)}")
+    try:
+        return kind(value)
+    except OverflowError:  # an integer beyond float's range
+        raise Unreadable(f"{key}: expected a {kind.__name__}, got {_brief(value)}") from None
 
 
-def _describe(v: Any) -> str:
+def _describe(v: Any, limit: int = 300) -> str:
+    text = _describe_all(v, 6)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe_all(v: Any, depth: int) -> str:
     if isinstance(v, TensorRef):
         return f"tensor {v.dtype} {list(v.shape)}"
-    if isinstance(v, list):
-        return "[" + ", ".join(_describe(e) for e in v) + "]"
+    if isinstance(v, (list, dict)):
+        if depth == 0:
+            return "{...}" if isinstance(v, dict) else "[...]"
+        items = list(v.items() if isinstance(v, dict) else enumerate(v))
+        parts = [f"{k}: {_describe_all(e, depth - 1)}" if isinstance(v, dict) else
+                 _describe_all(e, depth - 1) for k, e in items[:16]]  # fmt: skip
+        inner = ", ".join(parts) + (", ..." if len(items) > 16 else "")
+        return f"{{{inner}}}" if isinstance(v, dict) else f"[{inner}]"
+    return _brief(v)
+
+
+def _brief(v: Any, limit: int = 100) -> str:
+    """A dump.json value as text: three levels deep, eight items a level, ``limit`` characters."""
+    text = _render(v, 3)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _render(v: Any, depth: int) -> str:
     if isinstance(v, dict):
-        return "{" + ", ".join(f"{k}: {_describe(e)}" for k, e in v.items()) + "}"
+        if depth == 0:
+            return "{...}"
+        parts = [f"{k!r}: {_render(e, depth - 1)}" for k, e in list(v.items())[:8]]
+        return "{" + ", ".join(parts) + (", ..." if len(v) > 8 else "") + "}"
+    if isinstance(v, list):
+        if depth == 0:
+            return "[...]"
+        parts = [_render(e, depth - 1) for e in v[:8]]
+        return "[" + ", ".join(parts) + (", ..." if len(v) > 8 else "") + "]"
     return repr(v)
 
 
@@ -378,16 +578,35 @@ def _device(ref: TensorRef, label: str) -> Device:
 
 
 class _Packing:
-    """PackedSequence rows <-> lstmgrad's padded time-major [T*B, *] rows."""
+    """PackedSequence rows <-> lstmgrad's padded time-major [T*B, *] rows.
 
-    def __init__(self, batch_sizes: np.ndarray, key: str) -> None:
-        bs = np.asarray(batch_sizes, dtype=np.int64)
-        if bs.ndim != 1 or bs.size == 0 or (bs < 0).any():
-            raise Unreadable(f"{key}: batch_sizes must be a non-empty 1-D tensor of counts, got "
-                             f"{bs.tolist()}")  # fmt: skip
+    Raises:
+        Unreadable: batch sizes that are not a PackedSequence's, or do not add up to the
+            packed data's rows.
+        Skip: padding would take more than MAX_PADDED elements.
+    """
+
+    def __init__(self, batch_sizes: np.ndarray, key: str, data: np.ndarray, data_key: str) -> None:
+        if batch_sizes.dtype.kind not in "iu" or batch_sizes.ndim != 1 or batch_sizes.size == 0:
+            raise Unreadable(f"{key}: batch_sizes must be a non-empty 1-D integer tensor, got "
+                             f"{batch_sizes.dtype} {list(batch_sizes.shape)}")  # fmt: skip
+        if data.ndim != 2:
+            raise Unreadable(f"{data_key}: packed data must be 2-D [rows, I], got "
+                             f"{list(data.shape)}")  # fmt: skip
+        rows = data.shape[0]
+        if (batch_sizes < 1).any() or (batch_sizes > rows).any():
+            raise Unreadable(f"{key}: batch_sizes must be counts from 1 to {rows} (the packed "
+                             f"data's rows), got {_brief(batch_sizes.tolist())}")  # fmt: skip
+        bs = batch_sizes.astype(np.int64)
         if (np.diff(bs) > 0).any():
             raise Unreadable(f"{key}: batch_sizes must not increase (a PackedSequence's), got "
-                             f"{bs.tolist()}")  # fmt: skip
+                             f"{_brief(bs.tolist())}")  # fmt: skip
+        if int(bs.sum()) != rows:
+            raise Unreadable(f"{key}: batch_sizes add up to {int(bs.sum())}, the packed data "
+                             f"{data_key} has {rows} rows")  # fmt: skip
+        if bs.size * int(bs[0]) * max(data.shape[1], 1) > MAX_PADDED:
+            raise Skip(f"{data_key}: padded to [T {bs.size}, B {int(bs[0])}, I "
+                       f"{data.shape[1]}] for the engines it would exceed 2^28 elements")  # fmt: skip
         self.bs, self.T, self.B = bs, int(bs.size), int(bs[0])
         self.offsets = np.concatenate([[0], np.cumsum(bs)[:-1]])
         self.rows = np.concatenate([t * self.B + np.arange(n) for t, n in enumerate(bs)])
@@ -406,10 +625,14 @@ def _api_case(name: str, entry: dict[str, Any], back: Any, back_name: str, folde
     args = _decode(entry.get("input_args"), f"{name}.input", folder)
     kwargs = _decode(entry.get("input_kwargs") or {}, f"{name}.kwargs", folder)
     out = _decode(entry.get("output"), f"{name}.output", folder)
+    if not isinstance(args, list):
+        raise Unreadable(f"{name}: field 'input_args' must be a list, got {_describe(args)}")
+    if not isinstance(kwargs, dict):
+        raise Unreadable(f"{name}: field 'input_kwargs' must be an object, got {_describe(kwargs)}")
     if kwargs:
-        raise Unreadable(f"{name}: unexpected keyword arguments {sorted(kwargs)} (torch.nn.LSTM "
-                         "passes every argument by position)")  # fmt: skip
-    if not isinstance(args, list) or len(args) != 9:
+        raise Unreadable(f"{name}: unexpected keyword arguments {_brief(sorted(kwargs))} "
+                         "(torch.nn.LSTM passes every argument by position)")  # fmt: skip
+    if len(args) != 9:
         raise Skip(f"input_args hold {_describe(args)}; expected the dense overload (input, "
                    "[h0, c0], params, has_biases, num_layers, dropout, train, bidirectional, "
                    "batch_first) or the packed one (data, batch_sizes, [h0, c0], params, "
@@ -426,6 +649,11 @@ def _api_case(name: str, entry: dict[str, Any], back: Any, back_name: str, folde
         _flag(v, t, f"{name}.input.{first + i}")
         for i, (v, t) in enumerate(zip(flags, (bool, int, float, bool, bool), strict=True))
     )  # fmt: skip
+    if not 1 <= layers <= MAX_LAYERS:
+        raise Unreadable(f"{name}.input.{first + 1}: num_layers must be 1 to {MAX_LAYERS}, got "
+                         f"{layers}")  # fmt: skip
+    if not 0 <= dropout <= 1:
+        raise Unreadable(f"{name}.input.{first + 2}: dropout must be 0 to 1, got {dropout}")
     x_ref = _tensor(x, f"{name}.input.0", "the input")
     dtype = _float_dtype(x_ref)
     hx_at = 2 if packed else 1
@@ -442,7 +670,7 @@ def _api_case(name: str, entry: dict[str, Any], back: Any, back_name: str, folde
     xv = x_ref.load()
     if packed:
         bs_tensor = _tensor(bs_ref, f"{name}.input.1", "batch_sizes")
-        packing = _Packing(bs_tensor.load(), bs_tensor.key)
+        packing = _Packing(bs_tensor.load(), bs_tensor.key, xv, x_ref.key)
         xv = packing.pad(xv)
     case = Case(
         name=name, source=src, dtype=dtype, x=xv, params=[p.load() for p in p_refs],
@@ -583,6 +811,8 @@ def _module_case(name: str, entry: dict[str, Any], back: Any, back_name: str, gr
     kwargs = _decode(entry.get("input_kwargs") or {}, f"{name}.kwargs", folder)
     out = _decode(entry.get("output"), f"{name}.output", folder)
     params = _decode(entry.get("parameters") or {}, f"{name}.parameters", folder)
+    if not isinstance(kwargs, dict):
+        raise Unreadable(f"{name}: field 'input_kwargs' must be an object, got {_describe(kwargs)}")
     if not isinstance(args, list) or not args:
         raise Unreadable(f"{name}: input_args hold {_describe(args)}; expected [input] or "
                          "[input, (h0, c0)]")  # fmt: skip
@@ -606,20 +836,24 @@ def _module_case(name: str, entry: dict[str, Any], back: Any, back_name: str, gr
     packing = None
     if packed:
         bs_ref = inp["batch_sizes"]
-        packing = _Packing(bs_ref.load(), bs_ref.key)
+        packing = _Packing(bs_ref.load(), bs_ref.key, x_ref.load(), x_ref.key)
         xv = packing.pad(x_ref.load())
     else:
         batch_first = _module_batch_first(name, x_ref, hx, states)
         xv = x_ref.load()
     sort = unsort = None
-    if packed and isinstance(inp.get("sorted_indices"), TensorRef):
-        sort = inp["sorted_indices"].load().astype(np.int64)
-        unsort = (inp["unsorted_indices"].load().astype(np.int64)
+    if packing is not None and isinstance(inp.get("sorted_indices"), TensorRef):
+        sort = _permutation(inp["sorted_indices"], packing.B)
+        unsort = (_permutation(inp["unsorted_indices"], packing.B)
                   if isinstance(inp.get("unsorted_indices"), TensorRef) else np.argsort(sort))  # fmt: skip
     hv = None
     if hx is not None:
         hv = [_tensor(h, f"{name}.input.1.{i}", "h0 / c0").load() for i, h in enumerate(hx)]
         if sort is not None:
+            for i, h in enumerate(hv):
+                if h.ndim != 3 or h.shape[1] != sort.size:
+                    raise Unreadable(f"{name}.input.1.{i}: expected [L*D, {sort.size}, H] (the "
+                                     f"packed batch), got {list(h.shape)}")  # fmt: skip
             hv = [h[:, sort] for h in hv]  # the module hands the sorted batch to the kernel
     case = Case(
         name=name, source=src, dtype=dtype, x=xv,
@@ -672,6 +906,15 @@ def _module_case(name: str, entry: dict[str, Any], back: Any, back_name: str, gr
     return case
 
 
+def _permutation(ref: TensorRef, n: int) -> np.ndarray:
+    """A PackedSequence's sorted_indices / unsorted_indices: a permutation of range(n)."""
+    v = ref.load()
+    if v.dtype.kind not in "iu" or v.shape != (n,) or not np.array_equal(np.sort(v), np.arange(n)):
+        raise Unreadable(f"{ref.key}: expected a permutation of 0..{n - 1} (the packed batch), "
+                         f"got {v.dtype} {list(v.shape)}")  # fmt: skip
+    return v.astype(np.int64)
+
+
 def _module_config(name: str, params: Any) -> tuple[int, bool, bool, list[str]]:
     """(num_layers, bidirectional, has_bias, names in _flat_weights order) from the parameter
     names a Module entry records."""
@@ -682,18 +925,23 @@ def _module_config(name: str, params: Any) -> tuple[int, bool, bool, list[str]]:
     for p in params:
         m = PARAM_NAME.match(p)
         if not m:
-            raise Skip(f"{name}.parameters.{p}: not a torch.nn.LSTM parameter name")
+            raise Skip(f"{_short_key(f'{name}.parameters.{p}')}: not a torch.nn.LSTM parameter "
+                       "name")  # fmt: skip
         if m.group(2) == "hr":
             raise Skip("proj_size > 0 (weight_hr_l* recorded): LSTMs with projections are "
                        "outside the operator")  # fmt: skip
         seen[p] = m
     layers = 1 + max(int(m.group(3)) for m in seen.values())
+    if layers > MAX_LAYERS:
+        raise Unreadable(f"{name}.parameters: layer {layers - 1} named; an LSTM of more than "
+                         f"{MAX_LAYERS} layers is not read")  # fmt: skip
     bidir = any(m.group(4) for m in seen.values())
     has_bias = any(m.group(1) == "bias" for m in seen.values())
     order = expected_params(layers, bidir, has_bias)
     missing = [p for p in order if p not in params]
     if missing:
-        raise Unreadable(f"{name}.parameters: missing {', '.join(missing)}")
+        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        raise Unreadable(f"{name}.parameters: missing {', '.join(missing[:8])}{more}")
     return layers, bidir, has_bias, order
 
 
@@ -722,10 +970,17 @@ def _module_batch_first(name: str, x: TensorRef, hx: Any, states: list[Any]) -> 
 
 
 def _kernel_files(folder: Path) -> dict[str, dict[str, dict[int, Path]]]:
-    """{call prefix: {"input": {i: path}, "output": {i: path}}} of msprobe parse's files."""
+    """{call prefix: {"input": {i: path}, "output": {i: path}}} of msprobe parse's files.
+
+    Raises:
+        DumpRefused: a file is a link to one outside ``folder``.
+    """
     calls: dict[str, dict[str, dict[int, Path]]] = {}
+    root = folder.resolve()
     for f in sorted(folder.glob("*.npy")):
-        m = re.match(r"^(.*)\.(input|output)\.(\d+)\.npy$", f.name)
+        m = re.match(r"^(.*)\.(input|output)\.(\d{1,9})\.npy$", f.name)
+        if m and not f.resolve().is_relative_to(root):
+            raise DumpRefused(f"{f} is a link to {f.resolve()}, outside the dump {root}")
         if m:
             calls.setdefault(m.group(1), {"input": {}, "output": {}})[m.group(2)][
                 int(m.group(3))
@@ -736,7 +991,7 @@ def _kernel_files(folder: Path) -> dict[str, dict[str, dict[int, Path]]]:
 def _ordered(files: dict[int, Path], prefix: str, kind: str) -> list[tuple[str, np.ndarray]]:
     n = len(files)
     if sorted(files) != list(range(n)):
-        gaps = sorted(set(range(max(files, default=-1) + 1)) - set(files))
+        gaps = [g for g in range(n) if g not in files][:8]
         raise Unreadable(f"{prefix}: {kind} files are not numbered 0..{n - 1} (missing "
                          f"{', '.join(f'{kind}.{g}' for g in gaps)})")  # fmt: skip
     return [(files[i].name, _read_npy(files[i])) for i in range(n)]
@@ -932,27 +1187,35 @@ def _report(found: Found, rule: str, factor: float, top: int) -> CallReport:
 
 def check_dump(
     path: str | Path, *, rule: str = "bound", factor: float = BOUND_FACTOR, top: int = 3,
-    no_dropout: bool = False,
+    no_dropout: bool = False, allow_dump_data_dir: bool = False,
 ) -> list[CallReport]:  # fmt: skip
     """Judge every LSTM call of an msProbe dump (a dump.json, a rank or step folder, or the
-    dump root).
+    dump root). Files are read inside the dump's folder only (and, with
+    ``allow_dump_data_dir``, inside a tensor folder outside it that the dump records or links).
 
     Returns:
-        One report per LSTM call found (and one, unreadable, per dump.json that could not be
-        read), in the order of the dump's steps, ranks and entries.
+        One report per LSTM call found (and one, unreadable, per dump.json found below a folder
+        that could not be read), in the order of the dump's steps, ranks and entries.
 
     Raises:
-        DumpReadError: the path holds no dump.json at all.
+        DumpReadError: the path holds no dump.json at all, or is one file that is not a
+            readable dump.json.
+        DumpRefused: the dump points outside itself (see :class:`DumpRefused`).
     """
     files = dump_files(path)
+    one_file = Path(path).is_file()
     base = Path(path) if Path(path).is_dir() else Path(path).parent
+    root = dump_root(path)
     reports = []
     for f in files:
         label = str(f.relative_to(base)) if f.is_relative_to(base) else str(f)
         try:
-            for found in lstm_calls(f, no_dropout=no_dropout, label=label):
+            for found in lstm_calls(f, no_dropout=no_dropout, label=label, root=root,
+                                    allow_dump_data_dir=allow_dump_data_dir):  # fmt: skip
                 reports.append(_report(found, rule, factor, top))
         except DumpReadError as exc:
+            if one_file:
+                raise
             reports.append(CallReport("(dump.json)", label, "", unreadable=str(exc)))
     return reports
 
