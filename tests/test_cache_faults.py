@@ -188,6 +188,7 @@ WISDOM_FAULTS = {
     "timing-negative": lambda k: _with(k, "steps", _set("recurrent/fwd/loop/call", -1.0)),
     "timing-nan": lambda k: _with(k, "steps", _set("arrangement/phases/one", [float("nan"), 1])),
     "phase-of-three": lambda k: _with(k, "steps", _set("arrangement/phases/one", [1, 2, 3])),
+    "recurrent-missing": lambda k: _with(k, "steps", _drop("recurrent")),
     "recurrent-empty": lambda k: _with(k, "steps", _set("recurrent/fwd", {})),
     "recurrent-unknown-method": lambda k: _with(k, "steps", _set("recurrent/fwd/fast", {})),
     "prep-without-one-thread": lambda k: _with(k, "steps", _drop("recurrent/bwd/loop/prep/1")),

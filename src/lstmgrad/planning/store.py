@@ -325,8 +325,8 @@ _BIG = _record(
     {"seconds": _table(_text(), _SECONDS), "measured_at": _text(), "took": _TOOK},
 )
 _STEPS = _record(
+    {"plan": _plan(_STEP_FIELDS)},
     {
-        "plan": _plan(_STEP_FIELDS),
         "recurrent": _record({"fwd": _RECURRENT, "bwd": _RECURRENT}, {}),
         "arrangement": _record(
             {
@@ -344,8 +344,6 @@ _STEPS = _record(
             },
             {},
         ),
-    },
-    {
         "walk_products": _table(_text(WALK_PRODUCTS), _SECONDS),
         "passes": _table(_text(), _SECONDS),
         "measured_at": _text(),
@@ -365,12 +363,14 @@ _GATE = _record(
 
 
 def _steps(entry: Any) -> str | None:
-    """:data:`_STEPS`, and what the arrangement names is there: its phases are candidates', the
+    """:data:`_STEPS`, and what an arrangement names is there: its phases are candidates', the
     candidates' recurrent methods were measured (:func:`lstmgrad.planning.tune.step_fields`
     looks them up)."""
     problem = _STEPS(entry)
-    if problem is not None:
+    if problem is not None or "arrangement" not in entry:
         return problem
+    if "recurrent" not in entry:
+        return "has an arrangement but no recurrent times"
     candidates, rec = entry["arrangement"]["candidates"], entry["recurrent"]
     for name in entry["arrangement"]["phases"]:
         if name not in candidates:
