@@ -410,7 +410,7 @@ def _measure(store: Wisdom, cls: dict[str, Any], run: Any, m: str, kind: str) ->
         if machine_busy() or others_cpus(clock) > OTHERS_MAX:
             budget.wait()
             return None
-        entry = {**entry, "took": took}  # the budget's expected cost
+        entry = {**entry, "took": min(took, store.TOOK_MAX)}  # the budget's expected cost
         store.put(cls, entry)
         return entry
 
