@@ -467,6 +467,17 @@ def test_the_budget_written_at_exit_is_bounded(scripted, tmp_path, monkeypatch):
     assert plan.budget.carried() == store.CARRY_MAX  # read back: valid
 
 
+def test_a_measurements_duration_is_stored_capped(scripted, tmp_path, monkeypatch):
+    """A measurement said to take longer than TOOK_MAX (a machine suspended while it ran) is
+    stored with TOOK_MAX: never a value the schema refuses on reading it back."""
+    monkeypatch.setenv("LSTMGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LSTMGRAD_TUNE", "eager")
+    monkeypatch.setattr(store, "TOOK_MAX", 1e-12)  # any measurement takes longer
+    plan.plan_for(TINY, F32, NUMPY_GEMM)
+    entries = _store_is_valid(plan.wisdom("numpy").path, "numpy")
+    assert {e["took"] for e in entries.values()} == {1e-12} and len(entries) == 3
+
+
 _CHILD = """
 import json
 import numpy as np

@@ -50,7 +50,8 @@ from ..fused.plan import (  # noqa: F401  (lstmgrad.fused.plan.Plan, .SAFE: publ
     Plan,
     compute_dtype,
 )
-from . import openmp, store, tune
+from . import openmp, tune
+from . import store as disk
 from .feasible import feasible
 from .store import CacheWarning, checked  # noqa: F401  (CacheWarning: a public name)
 
@@ -145,7 +146,7 @@ class _Budget:
         """Call seconds earlier processes left unspent (read once): repeated short runs add
         up to a measurement."""
         if self._carried is None:
-            calls = store.read(_carry_path(), store.budget_calls,
+            calls = disk.read(_carry_path(), disk.budget_calls,
                                "the budget starts afresh and is rewritten at exit")  # fmt: skip
             self._carried = calls if calls is not None else 0.0
             self.calls += self._carried
@@ -189,10 +190,10 @@ def _carry_over() -> None:
     if mode() != "on" or budget.calls <= 0:
         return
     budget.carried()
-    unspent = min(store.CARRY_MAX, max(0.0, budget.calls - budget.measured / MEASURE_SHARE))
+    unspent = min(disk.CARRY_MAX, max(0.0, budget.calls - budget.measured / MEASURE_SHARE))
     try:
         cache_dir().mkdir(parents=True, exist_ok=True)
-        store.write(_carry_path(), {"calls": unspent})
+        disk.write(_carry_path(), {"calls": unspent})
     except OSError:
         pass  # a read-only cache: each process starts afresh
 
@@ -265,7 +266,8 @@ class Wisdom:
     file of the wrong structure or facts is ignored whole, an entry that is not exactly what a
     measurement holds is dropped and the valid ones kept, with one :class:`CacheWarning` per
     file and process; the next store rewrites the file from the valid entries. A store merges
-    with the entries other processes stored meanwhile under a lock (:func:`store.locked`)."""
+    with the entries other processes stored meanwhile, under a lock
+    (:func:`lstmgrad.planning.store.locked`)."""
 
     def __init__(self, facts: dict[str, Any]) -> None:
         self.facts = facts
@@ -283,8 +285,8 @@ class Wisdom:
     def _on_disk(self) -> dict[str, dict[str, Any]]:
         """The file's valid entries (none where there is no file or nothing valid)."""
         after = "what it held is measured again and the file rewritten at the next store"
-        check = functools.partial(store.store_entries, facts=self.facts)
-        return store.read(self.path, check, after) or {}
+        check = functools.partial(disk.store_entries, facts=self.facts)
+        return disk.read(self.path, check, after) or {}
 
     def _load(self) -> None:
         self.entries = self._on_disk()
@@ -322,10 +324,10 @@ class Wisdom:
         try:
             directory = cache_dir()
             directory.mkdir(parents=True, exist_ok=True)
-            with store.locked(directory / f".wisdom-{self.key}.lock"):
+            with disk.locked(directory / f".wisdom-{self.key}.lock"):
                 mine = {k: v for k, v in self.entries.items() if k not in self.unsaved}
                 entries = {**self._on_disk(), **mine}
-                store.write(self.path, {"facts": self.facts, "entries": entries})
+                disk.write(self.path, {"facts": self.facts, "entries": entries})
             self.error = None
         except OSError as exc:  # a read-only home: the measurements live for this process only
             self.error = str(exc)
@@ -410,7 +412,7 @@ def _measure(store: Wisdom, cls: dict[str, Any], run: Any, m: str, kind: str) ->
         if machine_busy() or others_cpus(clock) > OTHERS_MAX:
             budget.wait()
             return None
-        entry = {**entry, "took": min(took, store.TOOK_MAX)}  # the budget's expected cost
+        entry = {**entry, "took": min(took, disk.TOOK_MAX)}  # the budget's expected cost
         store.put(cls, entry)
         return entry
 
