@@ -162,7 +162,7 @@ def _fast_walk_probe(cls, gemm, big_sizes=None):
     """A probe in which one walk is the cheapest arrangement (no product method is timed)."""
     one = {"blas": {"prep": {"1": 0.0}, "call": 1e-3}}
     return {"recurrent": {"fwd": one, "bwd": one}, "walk": {"library": 1e-4}, "walk_prep": {},
-            "gate": 1e-5}  # fmt: skip
+            "gate": 1e-5, "measured_at": "2026-12-08T00:00:00"}  # fmt: skip
 
 
 def test_drop_in_calls_torchs_forward_directly_once_the_library_serves(calls, monkeypatch):

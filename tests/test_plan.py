@@ -18,7 +18,9 @@ from lstmgrad.core.layout import Dims
 from lstmgrad.fused.gemm import NUMPY_GEMM
 from lstmgrad.ops import api
 from lstmgrad.planning import openmp, plan, tune
+from lstmgrad.planning import store as store_module
 from lstmgrad.planning.plan import SAFE, Plan, forced
+from lstmgrad.planning.store import CacheWarning
 
 TINY = Dims(T=4, B=2, I=3, H=5, L=1, D=1, has_bias=True)
 TINY_BI = dataclasses.replace(TINY, D=2)
@@ -627,13 +629,17 @@ def test_a_measurement_beside_busy_processes_is_dropped(store, monkeypatch):
 def test_store_round_trip_merge_and_clear(store):
     facts = plan.fingerprint("numpy")
     a, b = plan.Wisdom(facts), plan.Wisdom(facts)
-    a.put({"what": "x", "n": 1}, {"plan": {"threads": 1}})
-    b.put({"what": "x", "n": 2}, {"plan": {"threads": 2}})  # another process's entry kept
+    big = plan.big_class(TINY, np.float32, "numpy")
+    one, two, three = ({**big, "N": n} for n in (1, 2, 3))
+    a.put(one, {"plan": {"big": "blas"}})
+    b.put(two, {"plan": {"transpose_threads": 2}})  # another process's entry kept
     fresh = plan.Wisdom(facts)
-    assert fresh.get({"n": 1, "what": "x"}) == {"plan": {"threads": 1}}  # key order irrelevant
-    assert fresh.get({"what": "x", "n": 2}) == {"plan": {"threads": 2}}
-    a.put({"what": "x", "n": 3}, {"plan": {}}, keep=False)
-    assert plan.Wisdom(facts).get({"what": "x", "n": 3}) is None
+    assert fresh.get(dict(reversed(one.items()))) == {"plan": {"big": "blas"}}  # key order
+    assert fresh.get(two) == {"plan": {"transpose_threads": 2}}
+    a.put(three, {"plan": {}}, keep=False)
+    assert plan.Wisdom(facts).get(three) is None and not a.stored(three) and a.stored(one)
+    a.put(dict(one), {"plan": {}})  # an entry kept for this process only stays off the disk
+    assert plan.Wisdom(facts).get(three) is None
     fresh.clear()
     assert not fresh.path.exists() and plan.Wisdom(facts).entries == {}
 
@@ -641,13 +647,16 @@ def test_store_round_trip_merge_and_clear(store):
 def test_store_of_another_configuration_or_unreadable_is_ignored(store):
     facts = plan.fingerprint("numpy")
     w = plan.Wisdom(facts)
-    w.put({"what": "x"}, {"plan": {}})
+    w.put(plan.big_class(TINY, np.float32, "numpy"), {"plan": {}})
     data = json.loads(w.path.read_text())
     data["facts"] = {**facts, "numpy": "0.0"}  # written by other library versions
     w.path.write_text(json.dumps(data))
-    assert plan.Wisdom(facts).entries == {}
+    with pytest.warns(CacheWarning, match="written for other facts"):
+        assert plan.Wisdom(facts).entries == {}
     w.path.write_text("{not json")
-    assert plan.Wisdom(facts).entries == {}
+    store_module._warned.clear()  # one warning per file and process: a new process
+    with pytest.warns(CacheWarning, match="not JSON"):
+        assert plan.Wisdom(facts).entries == {}
 
 
 def test_read_only_store_keeps_measurements_in_memory(store, monkeypatch):
@@ -908,6 +917,7 @@ def _probe(walk=1e-3, rows=None, pairs=None, lib=(1e-3, 1e-3), prep=0.0, gate=1e
         "recurrent": {k: {"blas": {"prep": {"1": prep}, "call": c}}
                       for k, c in zip(("fwd", "bwd"), lib, strict=True)},
         "walk": per_product(walk), "walk_prep": walk_prep or {}, "gate": gate,
+        "measured_at": "2026-12-08T00:00:00",
     }  # fmt: skip
     if rows is not None:
         out.update(rows=per_product(rows), rows_parts=2)

@@ -397,14 +397,23 @@ def tune_shapes(shapes: list[dict[str, int]], kind: str, dtype: str) -> list[dic
             chosen = plan_for(dims, np.dtype(dtype), gemm)
         seconds = time.perf_counter() - t0
         store = wisdom(gemm.kind)
-        classes = (big_class(dims, np.dtype(dtype), gemm.kind),
-                   step_class(dims, np.dtype(dtype), gemm.kind))  # fmt: skip
-        missing = ""
-        if not all(store.stored(c) for c in classes):
-            missing = (f"LSTMGRAD_TUNE={mode()}: nothing is measured" if mode() in ("off", "cached") else
-                       "other processes used the CPUs: nothing measured is kept (run again on "
-                       "a quiet machine)")  # fmt: skip
+        classes = [big_class(dims, np.dtype(dtype), gemm.kind),
+                   step_class(dims, np.dtype(dtype), gemm.kind)]  # fmt: skip
         gate = store.get(gate_class(dims, np.dtype(dtype), gemm.kind))
+        if gate is not None:  # measured too: on disk too
+            classes.append(gate_class(dims, np.dtype(dtype), gemm.kind))
+        missing = ""
+        if not all(store.stored(c) for c in classes):  # the file read back
+            if mode() in ("off", "cached"):
+                missing = f"LSTMGRAD_TUNE={mode()}: nothing is measured"
+            elif all(store.get(c) is not None for c in classes):  # measured, but not on disk
+                missing = (f"the cache could not be written ({store.error})" if store.error else
+                           f"{store.path} read back lacks the measurements")  # fmt: skip
+            else:
+                missing = (
+                    "other processes used the CPUs: nothing measured is kept (run again "
+                    "on a quiet machine)"
+                )
         rows.append({"shape": shape, "plan": chosen, "seconds": seconds, "not_stored": missing,
                      "gate": None if gate is None else gate["ratio"]})  # fmt: skip
     return rows

@@ -14,7 +14,9 @@ Environment:
   ``cached`` uses stored measurements only (:func:`default_plan` for unseen classes); ``off``
   always runs the safe plan (:data:`SAFE`).
 - ``LSTMGRAD_PLAN``: fields forced over every plan, e.g. ``threads=1,fwd_rec=blas``.
-- ``LSTMGRAD_CACHE_DIR``: where measurements are stored (default ``~/.cache/lstmgrad``).
+- ``LSTMGRAD_CACHE_DIR``: where measurements are stored (default ``~/.cache/lstmgrad``); what
+  is read there is checked first, and what is not valid is ignored with a warning
+  (:mod:`lstmgrad.planning.store`).
 - ``LSTMGRAD_PRIVATE_OPS=0``: torch's public GEMM (torch.mm) only (:mod:`lstmgrad.ops.tensors`).
 
 ``lstmgrad tune`` measures ahead of time, ``lstmgrad tune --show`` prints what is stored.
@@ -29,7 +31,6 @@ import dataclasses
 import functools
 import json
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -50,42 +51,13 @@ from ..fused.plan import (  # noqa: F401  (lstmgrad.fused.plan.Plan, .SAFE: publ
     compute_dtype,
 )
 from . import model, tune
+from . import store as disk
 from .feasible import feasible
-
-_FIELDS = {f.name: f.type for f in dataclasses.fields(Plan)}
+from .store import CacheWarning, checked  # noqa: F401  (CacheWarning: a public name)
 
 _forced: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "lstmgrad_forced_plan", default=None
 )
-
-
-_CHOICES = {"big": BIG_METHODS, "fwd_rec": RECURRENT_METHODS, "bwd_rec": RECURRENT_METHODS,
-            "convert": CONVERSIONS, "walk_product": WALK_PRODUCTS}  # fmt: skip
-
-
-def _checked(where: str, name: str, value: Any) -> Any:
-    """A forced field's value, converted from text where given as text; ValueError naming the
-    field, what it takes and what was given otherwise."""
-    if name not in _FIELDS:
-        raise ValueError(f"{where}: unknown plan field {name!r}, expected one of {sorted(_FIELDS)}")
-    if name in _CHOICES:
-        if value not in _CHOICES[name]:
-            raise ValueError(f"{where}: {name} must be one of {_CHOICES[name]}, got {value!r}")
-        return value
-    if name in ("pair_walks", "walk", "fwd_walk", "library_lstm"):
-        if isinstance(value, str):
-            if value.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-                raise ValueError(f"{where}: {name} must be true or false, got {value!r}")
-            return value.lower() in ("1", "true", "yes", "on")
-        return bool(value)
-    least = 1 if name in ("threads", "walk_rows") else 0
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = None
-    if number is None or number < least or isinstance(value, (bool, float)):
-        raise ValueError(f"{where}: {name} must be an integer >= {least}, got {value!r}")
-    return number
 
 
 def _parse_overrides(text: str) -> dict[str, Any]:
@@ -94,7 +66,7 @@ def _parse_overrides(text: str) -> dict[str, Any]:
         name, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"LSTMGRAD_PLAN: expected comma-separated field=value, got {item!r}")
-        out[name.strip()] = _checked("LSTMGRAD_PLAN", name.strip(), value.strip())
+        out[name.strip()] = checked("LSTMGRAD_PLAN", name.strip(), value.strip())
     return out
 
 
@@ -107,8 +79,8 @@ def overrides() -> dict[str, Any]:
 def forced(**fields: Any) -> Iterator[None]:
     """Force plan fields within a block (this thread / context), e.g. ``forced(threads=1)``;
     a field the back end cannot run falls back as in :func:`plan_for`."""
-    checked = {name: _checked("forced", name, value) for name, value in fields.items()}
-    token = _forced.set({**(_forced.get() or {}), **checked})
+    given = {name: checked("forced", name, value) for name, value in fields.items()}
+    token = _forced.set({**(_forced.get() or {}), **given})
     try:
         yield
     finally:
@@ -174,10 +146,9 @@ class _Budget:
         """Call seconds earlier processes left unspent (read once): repeated short runs add
         up to a measurement."""
         if self._carried is None:
-            try:
-                self._carried = max(0.0, float(json.loads(_carry_path().read_text())["calls"]))
-            except (OSError, ValueError, KeyError, TypeError):
-                self._carried = 0.0
+            calls = disk.read(_carry_path(), disk.budget_calls,
+                               "the budget starts afresh and is rewritten at exit")  # fmt: skip
+            self._carried = calls if calls is not None else 0.0
             self.calls += self._carried
         return self._carried
 
@@ -214,14 +185,15 @@ def _carry_path() -> Path:
 
 
 def _carry_over() -> None:
-    """At exit: leave the unspent call seconds to the next process (under LSTMGRAD_TUNE=on)."""
+    """At exit: leave the unspent call seconds to the next process (under LSTMGRAD_TUNE=on), at
+    most :data:`lstmgrad.planning.store.CARRY_MAX`."""
     if mode() != "on" or budget.calls <= 0:
         return
     budget.carried()
-    unspent = max(0.0, budget.calls - budget.measured / MEASURE_SHARE)
+    unspent = min(disk.CARRY_MAX, max(0.0, budget.calls - budget.measured / MEASURE_SHARE))
     try:
         cache_dir().mkdir(parents=True, exist_ok=True)
-        _carry_path().write_text(json.dumps({"calls": unspent}))
+        disk.write(_carry_path(), {"calls": unspent})
     except OSError:
         pass  # a read-only cache: each process starts afresh
 
@@ -288,7 +260,14 @@ def big_class(dims: Dims, dtype: np.dtype, kind: str) -> dict[str, Any]:
 
 
 class Wisdom:
-    """Measured decisions of one machine fingerprint, in memory and on disk."""
+    """Measured decisions of one machine fingerprint, in memory and on disk.
+
+    The file is read through :mod:`lstmgrad.planning.store`'s schema, whatever it holds: a
+    file of the wrong structure or facts is ignored whole, an entry that is not exactly what a
+    measurement holds is dropped and the valid ones kept, with one :class:`CacheWarning` per
+    file and process; the next store rewrites the file from the valid entries. A store merges
+    with the entries other processes stored meanwhile, under a lock
+    (:func:`lstmgrad.planning.store.locked`)."""
 
     def __init__(self, facts: dict[str, Any]) -> None:
         self.facts = facts
@@ -296,19 +275,21 @@ class Wisdom:
         self.entries: dict[str, dict[str, Any]] = {}
         self.unsaved: set[str] = set()  # entries kept for this process only
         self.lock = threading.Lock()
+        self.error: str | None = None  # why the last store did not reach the disk
         self._load()
 
     @property
     def path(self) -> Path:
         return cache_dir() / f"wisdom-{self.key}.json"
 
+    def _on_disk(self) -> dict[str, dict[str, Any]]:
+        """The file's valid entries (none where there is no file or nothing valid)."""
+        after = "what it held is measured again and the file rewritten at the next store"
+        check = functools.partial(disk.store_entries, facts=self.facts)
+        return disk.read(self.path, check, after) or {}
+
     def _load(self) -> None:
-        try:
-            data = json.loads(self.path.read_text())
-            if data.get("facts") == self.facts:
-                self.entries = dict(data.get("entries", {}))
-        except (OSError, ValueError, AttributeError):
-            pass  # no file yet, or unreadable: measure again
+        self.entries = self._on_disk()
 
     def get(self, cls: dict[str, Any]) -> dict[str, Any] | None:
         return self.entries.get(json.dumps(cls, sort_keys=True))
@@ -324,9 +305,9 @@ class Wisdom:
             self.unsaved.add(key)
 
     def stored(self, cls: dict[str, Any]) -> bool:
-        """An entry for ``cls`` that later processes will read (not one kept in memory only)."""
-        key = json.dumps(cls, sort_keys=True)
-        return key in self.entries and key not in self.unsaved
+        """Whether later processes will read an entry for ``cls``: the file read back holds a
+        valid one."""
+        return json.dumps(cls, sort_keys=True) in self._on_disk()
 
     def clear(self) -> None:
         """Forget every entry, on disk too."""
@@ -338,20 +319,18 @@ class Wisdom:
             pass
 
     def _save(self) -> None:
+        """Merge this process's entries into the file's valid ones and replace it, under the
+        store's lock: entries other processes stored meanwhile are kept."""
         try:
             directory = cache_dir()
             directory.mkdir(parents=True, exist_ok=True)
-            try:  # another process's new entries are kept
-                on_disk = json.loads(self.path.read_text()).get("entries", {})
-            except (OSError, ValueError, AttributeError):
-                on_disk = {}
-            entries = {**on_disk, **self.entries}
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".wisdom-", suffix=".json")
-            with os.fdopen(fd, "w") as f:
-                json.dump({"facts": self.facts, "entries": entries}, f, indent=1, sort_keys=True)
-            os.replace(tmp, self.path)
-        except OSError:
-            pass  # a read-only home: the measurements live for this process only
+            with disk.locked(directory / f".wisdom-{self.key}.lock"):
+                mine = {k: v for k, v in self.entries.items() if k not in self.unsaved}
+                entries = {**self._on_disk(), **mine}
+                disk.write(self.path, {"facts": self.facts, "entries": entries})
+            self.error = None
+        except OSError as exc:  # a read-only home: the measurements live for this process only
+            self.error = str(exc)
 
 
 def _cache_env() -> tuple[str | None, ...]:
@@ -433,7 +412,7 @@ def _measure(store: Wisdom, cls: dict[str, Any], run: Any, m: str, kind: str) ->
         if machine_busy() or others_cpus(clock) > OTHERS_MAX:
             budget.wait()
             return None
-        entry = {**entry, "took": took}  # the budget's expected cost
+        entry = {**entry, "took": min(took, disk.TOOK_MAX)}  # the budget's expected cost
         store.put(cls, entry)
         return entry
 
