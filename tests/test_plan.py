@@ -1044,6 +1044,14 @@ def test_probe_measures_every_product_at_the_class_sizes(store, kind):
     assert "loop" in got["walk"] and all(0 < s < 1 for s in got["walk"].values())
     assert 0 < got["gate"] < 1 and set(got["big"]) == set(gemm.product_methods(f32))
     assert ("pairs" in got) == (openmp.parallel_threads() >= 2 and gemm.threads() >= 2)
+    # what the probe stores passes the cache's schema; a probe that contradicts itself does not
+    from lstmgrad.planning import store
+
+    key = json.dumps(cls, sort_keys=True)
+    assert store.entry_problem(key, got) is None
+    broken = {k: v for k, v in got.items() if k != "split_parts"} if "gate_split" in got else {
+        **got, "walk": {}}  # fmt: skip
+    assert store.entry_problem(key, broken) is not None
     fields = model.engine_fields(got, Dims(10, 4, 8, 16, 1, 2, True), "blas")
     assert plan.feasible(dataclasses.replace(SAFE, **fields), Dims(10, 4, 8, 16, 1, 2, True),
                          f32, gemm)  # fmt: skip
