@@ -229,6 +229,11 @@ BUDGET_FAULTS = {
 }
 
 
+_ONE = {"blas": {"prep": {"1": 0.0}, "call": 1e-3}}
+PROBE_ENTRY = {"recurrent": {"fwd": _ONE, "bwd": _ONE}, "walk": {"library": 1e-4},
+               "walk_prep": {}, "gate": 1e-5, "measured_at": "2026-12-08T00:00:00"}  # fmt: skip
+
+
 @pytest.fixture
 def scripted(monkeypatch):
     """Measurements scripted (the entries above, at once, the same every time; each recorded),
@@ -242,6 +247,9 @@ def scripted(monkeypatch):
     monkeypatch.setattr(tune, "measure_steps", fake("steps", STEPS_ENTRY))
     gate = {k: v for k, v in GATE_ENTRY.items() if k != "took"}
     monkeypatch.setattr(tune, "gate", fake("gate", gate))
+    # the default plan's probe too: a timed one may pick another walk product from run to run,
+    # whose results differ in the last bits
+    monkeypatch.setattr(tune, "probe", lambda *args: copy.deepcopy(PROBE_ENTRY))
     monkeypatch.setattr(plan, "machine_busy", lambda: False)
     monkeypatch.setattr(plan, "others_cpus", lambda start: 0.0)
     plan.forget()
