@@ -27,6 +27,7 @@ from ..core.layout import Dims
 from ..core.workspace import Arena, scratch_held, workspace_bytes
 from ..fused.gemm import NUMPY_GEMM, Gemm
 from ..fused.plan import SAFE, Plan
+from ..planning.feasible import feasible
 from ..planning.plan import (
     big_class,
     eager,
@@ -48,27 +49,52 @@ def engine_plan(dims: Dims, dtype: np.dtype, gemm: Gemm | None = None) -> Plan:
     return plan_for(dims, dtype, gemm or NUMPY_GEMM)
 
 
-def _engine_args(impl: str, call: ForwardCall | BackwardCall, arena: Arena | None,
-                 gemm: Gemm | None, plan_dims: Dims | None,
-                 part: str) -> tuple[dict[str, Any], Callable[[float], None] | None]:  # fmt: skip
-    """The fused engine takes the GEMMs to use and the call's plan (made once, for the memory
-    check and the run alike; for a call of ``plan_dims`` where given), and the planner wants
-    the call's seconds (:func:`lstmgrad.planning.plan.plan_call`; never a sample of another
-    plan where the caller's workspace was sized for this one); the reference always computes
-    with NumPy."""
-    if impl != "fused":
-        return {}, None
-    g = gemm or NUMPY_GEMM
+Planned = tuple[Plan, Callable[[float], None]]
+"""A fused call's plan and what to call with the call's seconds once it ran."""
+
+
+def _plan_of(call: ForwardCall | BackwardCall, gemm: Gemm, plan_dims: Dims | None,
+             sample: bool) -> Planned:  # fmt: skip
+    """The call's plan (for a call of ``plan_dims`` where given) and its cost callback: the
+    planner wants the call's seconds (:func:`lstmgrad.planning.plan.plan_call`), per active row
+    where the batch sizes of packed calls vary. ``sample``: the in-use check may run a fallback
+    instead (never where the caller's workspace was sized for the plan)."""
     # calls compared by the in-use check do the same work: the same part and flags, timed per
     # active row (the batch sizes of packed calls vary)
+    part = "backward" if isinstance(call, BackwardCall) else "forward"
     flags = call.need if isinstance(call, BackwardCall) else (call.train, call.dropout > 0)
     rows = call.dims.T * call.dims.B if call.mask is None else int(np.count_nonzero(call.mask))
     key = (part, flags, call.mask is not None)
-    plan, done = plan_call(plan_dims or call.dims, call.dtype, g, key, sample=arena is None)
+    plan, done = plan_call(plan_dims or call.dims, call.dtype, gemm, key, sample=sample)
 
     def timed(seconds: float) -> None:
         done(seconds, max(rows, 1))
 
+    return plan, timed
+
+
+def sized_plan(call: ForwardCall | BackwardCall, gemm: Gemm) -> Planned:
+    """The plan a caller sizes the fused engine's workspace for (the mirror's phase 1), fixed
+    then: hand it to :func:`run_backward` / :func:`run_forward` as ``planned`` so that the run
+    executes that plan whatever the planner says by then (LSTMGRAD_PLAN, thread counts or
+    measurements changed in between)."""
+    return _plan_of(call, gemm, None, sample=False)
+
+
+def _engine_args(impl: str, call: ForwardCall | BackwardCall, gemm: Gemm | None,
+                 plan_dims: Dims | None, sample: bool,
+                 planned: Planned | None) -> tuple[dict[str, Any], Callable[[float], None] | None]:  # fmt: skip
+    """The fused engine takes the GEMMs to use and the call's plan (made once, for the memory
+    check and the run alike): ``planned`` where the caller fixed it (less any threads no
+    longer allowed, :func:`lstmgrad.planning.feasible.feasible`: that only ever lowers the
+    scratch a plan needs), else the planner's. The reference always computes with NumPy."""
+    if impl != "fused":
+        return {}, None
+    g = gemm or NUMPY_GEMM
+    if planned is None:
+        plan, timed = _plan_of(call, g, plan_dims, sample)
+    else:
+        plan, timed = feasible(planned[0], call.dims, call.dtype, g), planned[1]
     return {"gemm": g, "plan": plan}, timed
 
 
@@ -125,9 +151,12 @@ def run_backward(
     impl: str = DEFAULT_IMPL,
     gemm: Gemm | None = None,
     plan_dims: Dims | None = None,
+    planned: Planned | None = None,
 ) -> LstmBackwardResult:
     """Run a validated backward call; results in the caller's layout. ``plan_dims``: plan it as
     a call of these sizes (the recompute mode's segments run the whole sequence's plan).
+    ``planned``: run this plan (:func:`sized_plan`, which ``arena`` was sized for) instead of
+    asking the planner.
 
     Raises:
         LstmMemoryError: (code 561103) the fused engine would need more memory than available.
@@ -137,7 +166,7 @@ def run_backward(
         # (the backward's results do not depend on the plan: counted once for both checks)
         results = fused.backward_bytes(call)
         check_memory("lstm_backward", results, results_only=True)
-    args, done = _engine_args(impl, call, arena, gemm, plan_dims, "backward")
+    args, done = _engine_args(impl, call, gemm, plan_dims, arena is None, planned)
     if args and any(call.need):
         _need("lstm_backward", call, arena, **args, forward=False, results=results)
     start = time.perf_counter()
@@ -161,9 +190,11 @@ def run_forward(
     gemm: Gemm | None = None,
     saved_into: np.ndarray | None = None,
     plan_dims: Dims | None = None,
+    planned: Planned | None = None,
 ) -> LstmForwardResult:
     """Run a validated forward call (drawing its dropout masks unless given); output in the
-    caller's layout. ``plan_dims`` as in :func:`run_backward`. ``saved_into``: a C-contiguous [7, L*D, T, B, H] array of the storage
+    caller's layout. ``plan_dims`` and ``planned`` as in :func:`run_backward`. ``saved_into``: a
+    C-contiguous [7, L*D, T, B, H] array of the storage
     dtype the fused engine writes the saved activations into (i, g, f, o, h, c, tanhc), the
     lists then its views.
 
@@ -176,7 +207,7 @@ def run_forward(
     if impl == "fused":  # the results alone, before a plan is measured
         need = fused.forward_bytes(call, SAFE) - given
         check_memory("lstm_forward", need, results_only=True)
-    args, done = _engine_args(impl, call, arena, gemm, plan_dims, "forward")
+    args, done = _engine_args(impl, call, gemm, plan_dims, arena is None, planned)
     if args:
         _need("lstm_forward", call, arena, **args, forward=True, given=given)
         if saved_into is not None:
