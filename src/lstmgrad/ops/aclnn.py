@@ -186,7 +186,7 @@ def aclnnLstmBackwardGetWorkspaceSize(
             ]
         # the engine's scratch depends on the call's plan (fused.lstm.backward_workspace_slots):
         # fixed now, phase 2 runs it
-        planned = sized_plan(call, gemm)
+        planned = sized_plan(fn, call, gemm)
         size = workspace_bytes(
             ENGINES[DEFAULT_IMPL].backward_workspace_slots(dims, dtype, planned[0])
         )
@@ -278,7 +278,7 @@ def aclnnLSTMGetWorkspaceSize(
         call.train = train  # checked with train=False above so that dropout stays ignored
         # the engine's scratch depends on the call's plan (fused.lstm.forward_workspace_slots):
         # fixed now, phase 2 runs it
-        planned = sized_plan(call, gemm)
+        planned = sized_plan(fn, call, gemm)
         size = workspace_bytes(
             ENGINES[DEFAULT_IMPL].forward_workspace_slots(dims, dtype, planned[0])
         )

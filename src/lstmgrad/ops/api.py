@@ -73,11 +73,21 @@ def _plan_of(call: ForwardCall | BackwardCall, gemm: Gemm, plan_dims: Dims | Non
     return plan, timed
 
 
-def sized_plan(call: ForwardCall | BackwardCall, gemm: Gemm) -> Planned:
+def sized_plan(fn: str, call: ForwardCall | BackwardCall, gemm: Gemm) -> Planned:
     """The plan a caller sizes the fused engine's workspace for (the mirror's phase 1), fixed
     then: hand it to :func:`run_backward` / :func:`run_forward` as ``planned`` so that the run
     executes that plan whatever the planner says by then (LSTMGRAD_PLAN, thread counts or
-    measurements changed in between)."""
+    measurements changed in between). A call whose results and copies cannot fit fails first,
+    as in :func:`run_backward` (``fn``: the name in the message).
+
+    Raises:
+        LstmMemoryError: (code 561103) the call's results and copies alone exceed the available
+            memory (checked before the plan is made).
+    """
+    if isinstance(call, ForwardCall):
+        _check_before_plan(fn, call, gemm, fused.forward_bytes(call, SAFE))
+    elif any(call.need):
+        _check_before_plan(fn, call, gemm, fused.backward_bytes(call))
     return _plan_of(call, gemm, None, sample=False)
 
 
@@ -116,21 +126,43 @@ def _available(need: int) -> int | None:
 def check_memory(fn: str, need: int, results_only: bool = False) -> None:
     """Raise LstmMemoryError before a call that needs more bytes than the machine can give now
     (:func:`lstmgrad.core.machine.available_memory`; no check where that cannot be read).
-    ``results_only``: ``need`` counts the results alone (the check before a plan is made)."""
+    ``results_only``: ``need`` counts the results and the copies whatever the plan alone (the
+    check before a plan is made)."""
     avail = _available(need)
     if avail is not None and need > avail:
-        what = f"at least {need} bytes (its results alone)" if results_only else f"{need} bytes"
+        what = (f"at least {need} bytes (its results and copies alone)" if results_only
+                else f"{need} bytes")  # fmt: skip
         raise LstmMemoryError(
             f"{fn}: needs {what} of memory, only {avail} bytes are available (the "
             f"machine's available memory, within the cgroup's limit if any)"
         )
 
 
+def _layout_bytes(call: ForwardCall | BackwardCall) -> int:
+    """Bytes of the result put back in the caller's batch-first layout (a transposing copy of
+    the output, or of dx; :meth:`lstmgrad.core.contract.Layout.from_time_major`)."""
+    if call.layout.kind != "bti":
+        return 0
+    dims = call.dims
+    if isinstance(call, ForwardCall):
+        return dims.T * dims.B * dims.D * dims.H * call.dtype.itemsize
+    return dims.T * dims.B * dims.I * call.dtype.itemsize if call.need[0] else 0
+
+
+def _check_before_plan(fn: str, call: ForwardCall | BackwardCall, gemm: Gemm | None,
+                       results: int) -> None:  # fmt: skip
+    """The check before a plan is made (which may measure the machine for a new class of
+    shapes): ``results`` bytes of results and the copies every plan makes."""
+    copies = fused.copy_bytes(call, None, gemm or NUMPY_GEMM) + _layout_bytes(call)
+    check_memory(fn, results + copies, results_only=True)
+
+
 def _need(fn: str, call: ForwardCall | BackwardCall, arena: Arena | None, gemm: Gemm,
           plan: Plan, forward: bool, given: int = 0, results: int | None = None) -> None:  # fmt: skip
     """The fused engine's memory need of ``call`` under ``plan`` checked against what is
     available: its results (less ``given`` bytes of them the caller allocated; ``results``:
-    their bytes where the caller has them already) and conversions, plus the scratch beyond
+    their bytes where the caller has them already), conversions and copies
+    (:func:`lstmgrad.fused.lstm.copy_bytes`, the batch-first result), plus the scratch beyond
     the calling thread's kept buffer (none with a caller's workspace)."""
     if forward:
         assert isinstance(call, ForwardCall)
@@ -142,6 +174,7 @@ def _need(fn: str, call: ForwardCall | BackwardCall, arena: Arena | None, gemm: 
         slots = fused.backward_workspace_slots(call.dims, call.dtype, plan)
     if arena is None:
         need += max(workspace_bytes(slots) - scratch_held(), 0)
+    need += fused.copy_bytes(call, plan, gemm) + _layout_bytes(call)
     check_memory(fn, need + fused.walk_pack_bytes(call.dims, call.dtype, plan, gemm))
 
 
@@ -162,10 +195,10 @@ def run_backward(
         LstmMemoryError: (code 561103) the fused engine would need more memory than available.
     """
     results = None
-    if impl == "fused" and any(call.need):  # the results alone, before a plan is measured
+    if impl == "fused" and any(call.need):  # the results and copies, before a plan is measured
         # (the backward's results do not depend on the plan: counted once for both checks)
         results = fused.backward_bytes(call)
-        check_memory("lstm_backward", results, results_only=True)
+        _check_before_plan("lstm_backward", call, gemm, results)
     args, done = _engine_args(impl, call, gemm, plan_dims, arena is None, planned)
     if args and any(call.need):
         _need("lstm_backward", call, arena, **args, forward=False, results=results)
@@ -204,9 +237,8 @@ def run_forward(
     if call.dropout > 0 and call.dropout_masks is None:
         call.dropout_masks = make_dropout_masks(call.dims, call.dropout, call.seed, call.dtype)
     given = 0 if saved_into is None else saved_into.nbytes
-    if impl == "fused":  # the results alone, before a plan is measured
-        need = fused.forward_bytes(call, SAFE) - given
-        check_memory("lstm_forward", need, results_only=True)
+    if impl == "fused":  # the results and copies, before a plan is measured
+        _check_before_plan("lstm_forward", call, gemm, fused.forward_bytes(call, SAFE) - given)
     args, done = _engine_args(impl, call, gemm, plan_dims, arena is None, planned)
     if args:
         _need("lstm_forward", call, arena, **args, forward=True, given=given)
