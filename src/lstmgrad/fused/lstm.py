@@ -279,7 +279,9 @@ def _recurrent_copy(call: ForwardCall | BackwardCall, plan: Plan, gemm: Gemm, cd
     dims = call.dims
     weight, rows = dims.G * dims.H * cd.itemsize, dims.G * dims.B * cd.itemsize
     if forward and plan.fwd_walk and (plan.pair_walks or plan.walk):
-        return 0 if _walk_gemm(plan, gemm, cd) else weight  # the Numba loop reads W_hh^T
+        # the Numba loop reads a copy of W_hh^T, a library's product W_hh.T in place
+        library = plan.walk_product != "loop" and gemm.walk_gemm(cd, plan.walk_product == "packed")
+        return 0 if library else weight
     if plan.pair_walks or plan.walk:  # the backward's walks read W_hh itself
         return 0
     method = plan.fwd_rec if forward else plan.bwd_rec
