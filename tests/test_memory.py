@@ -59,11 +59,11 @@ def test_forward_fails_before_starting_and_names_the_need(monkeypatch):
     results = (T * B * 2 * H + 2 * 2 * L * B * H + 7 * 2 * L * T * B * H) * 8
     assert need >= results
     assert "only 1000 bytes are available" in str(exc.value)
-    assert "(its results alone)" in str(exc.value)  # checked before the plan is made
+    assert "(its results and copies alone)" in str(exc.value)  # checked before the plan is made
     _probe(monkeypatch, need)  # the results fit, the scratch does not: the whole need
     with pytest.raises(LstmMemoryError) as exc:
         lstmgrad.lstm_forward(x, params, num_layers=L, bidirectional=True)
-    assert _need_of(exc.value) > need and "results alone" not in str(exc.value)
+    assert _need_of(exc.value) > need and "copies alone" not in str(exc.value)
     need = _need_of(exc.value)
     _probe(monkeypatch, need)  # exactly enough: runs, and matches the unchecked call
     got = lstmgrad.lstm_forward(x, params, num_layers=L, bidirectional=True)
@@ -210,3 +210,133 @@ def test_an_impossible_call_fails_before_any_plan_is_measured(tmp_path):
     assert grown < 16 * 2**20, grown  # the peak did not move (16 MiB: the allocator's slack)
     for stored in tmp_path.glob("wisdom-*.json"):  # only the warm-up's small class measured
         assert '"H": 1024' not in stored.read_text()
+
+
+HUGE = 100_000  # H: W_hh [4H, H] is 160 GB of float32
+
+
+def _broadcast_call(fn):
+    """A call whose weights are zero-stride views of one float32 each, ``HUGE`` hidden units:
+    the engine reads every weight as a C-contiguous copy (160 GB for W_hh)."""
+    x = np.ones((1, 1, 1), np.float32)
+    params = [np.broadcast_to(np.float32(0.01), (4 * HUGE, 1)),
+              np.broadcast_to(np.float32(0.01), (4 * HUGE, HUGE))]  # fmt: skip
+    state = np.zeros((1, 1, HUGE), np.float32)
+    act = [[np.broadcast_to(np.float32(0.5), (1, 1, HUGE))] for _ in range(7)]
+    outs = (np.empty_like(x), np.empty_like(state), np.empty_like(state))
+    if fn == "lstm_forward":
+        return lambda: lstmgrad.lstm_forward(x, params, has_bias=False, train=False)
+    if fn == "lstm_backward":
+        return lambda: lstmgrad.lstm_backward(x, [state, state], params, np.ones_like(state),
+                                              None, None, *act, has_bias=False,
+                                              output_mask=[True, False, False, False])  # fmt: skip
+    if fn == "aclnnLSTMGetWorkspaceSize":
+        return lambda: aclnn.aclnnLSTMGetWorkspaceSize(
+            x, params, None, None, False, 1, 0.0, False, False, False, np.empty((1, 1, HUGE),
+            np.float32), *outs[1:], None, None, None, None, None, None, None)  # fmt: skip
+    return lambda: aclnn.aclnnLstmBackwardGetWorkspaceSize(
+        x, [state, state], params, np.ones_like(state), None, None, *act, None, False, 1, 0.0,
+        True, False, False, [True, False, False, False], outs[0], None, None, None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("fn", ["lstm_forward", "lstm_backward", "aclnnLSTMGetWorkspaceSize",
+                                "aclnnLstmBackwardGetWorkspaceSize"])  # fmt: skip
+def test_broadcast_weights_fail_before_their_copies_are_made(monkeypatch, fn):
+    """Zero-stride weights of a huge logical size: the copies the engine would make count
+    towards the need, so the call fails before it (and before a plan is measured for it) with
+    LstmMemoryError (the mirror: status 561103 at phase 1), not with the copy's MemoryError."""
+    import tracemalloc
+
+    from lstmgrad.planning import tune
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured a plan for a call that cannot fit")
+
+    monkeypatch.setenv("LSTMGRAD_TUNE", "eager")  # a plan would be measured first
+    monkeypatch.setattr(tune, "measure_big", no_measuring)
+    monkeypatch.setattr(tune, "measure_steps", no_measuring)
+    _probe(monkeypatch, 1 << 30)
+    call = _broadcast_call(fn)
+    tracemalloc.start()
+    try:
+        if fn.startswith("aclnn"):
+            status, size, executor = call()
+            message = aclnn.aclGetRecentErrMsg()
+            assert (status, size, executor) == (ACLNN_ERR_INNER, 0, None)
+        else:
+            with pytest.raises(LstmMemoryError) as exc:
+                call()
+            assert exc.value.code == ACLNN_ERR_INNER == 561103 and exc.value.param is None
+            message = str(exc.value)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert message.startswith(f"{fn}: needs at least ")
+    assert "bytes (its results and copies alone) of memory, only 1073741824 bytes" in message
+    assert _need_of(message) >= 4 * HUGE * HUGE * 4  # W_hh's copy
+    assert peak < 4 << 20, peak  # nothing of the call's size was allocated
+
+
+def _strided_case(dtype, batch_first):
+    """A 2-layer bidirectional case whose every weight and saved activation is Fortran-ordered
+    (each read as a C-contiguous copy), each such copy larger than the slack of the test
+    below (W_hh 64 KiB in float32, a direction's saved activations 84 KiB; float64's
+    batch-first output 48 KiB)."""
+    rng = np.random.default_rng(3)
+    t, b, i, h = 8, 6, 48, 64
+    params = []
+    for layer in range(2):
+        for _ in range(2):
+            width = i if layer == 0 else 2 * h
+            params += [np.asfortranarray(rng.standard_normal((4 * h, width)) * 0.1),
+                       np.asfortranarray(rng.standard_normal((4 * h, h)) * 0.1),
+                       rng.standard_normal(4 * h) * 0.1, rng.standard_normal(4 * h) * 0.1]  # fmt: skip
+    params = [p.astype(dtype, order="K") for p in params]
+    x = rng.standard_normal((b, t, i) if batch_first else (t, b, i)).astype(dtype)
+    kw = dict(num_layers=2, bidirectional=True, batch_first=batch_first)
+    fwd = lstmgrad.lstm_forward(x, params, **kw)
+    saved = [[np.asfortranarray(a) for a in lst] for lst in fwd.saved[:7]]
+    hx = [np.asfortranarray(np.zeros((4, b, h), dtype))] * 2
+    return x, params, fwd.output, saved, hx, kw
+
+
+@pytest.mark.parametrize("plan_fields", ["", "walk=true", "fwd_rec=loop,bwd_rec=blas_t"])
+@pytest.mark.parametrize("dtype, batch_first", [(np.float32, False), (np.float64, True),
+                                                (np.float16, False)])  # fmt: skip
+@pytest.mark.parametrize("part", ["forward", "backward"])
+def test_the_need_covers_what_the_call_allocates(monkeypatch, plan_fields, dtype, batch_first,
+                                                 part):  # fmt: skip
+    """What the check counts (results, scratch, conversions, copies of strided weights and
+    saved activations, the batch-first result) against what the call allocates at its peak
+    (tracemalloc; a warm call: loaded kernels and cached step records are not the call's)."""
+    import tracemalloc
+
+    monkeypatch.setenv("LSTMGRAD_PLAN", plan_fields)
+    x, params, y, saved, hx, kw = _strided_case(dtype, batch_first)
+    needs = []
+    check = api.check_memory
+
+    def recording(fn, need, results_only=False):
+        needs.append(need)
+        check(fn, need, results_only)
+
+    monkeypatch.setattr(api, "check_memory", recording)
+
+    def call():
+        if part == "forward":
+            return lstmgrad.lstm_forward(x, params, **kw)
+        return lstmgrad.lstm_backward(x, hx, params, y, None, None, *saved, **kw)
+
+    call()  # warm
+    release_memory()  # no kept scratch: the need counts all of it
+    needs.clear()
+    tracemalloc.start()
+    try:
+        call()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(needs) == 2 and needs[0] <= needs[1]  # before the plan, then with it
+    # Python's own objects (lists, records, array headers) beyond the counted arrays
+    assert peak <= needs[1] + (32 << 10), (peak, needs)

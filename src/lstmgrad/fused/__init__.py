@@ -7,6 +7,7 @@ Same functions as :mod:`lstmgrad.reference`; the default engine of the public AP
 from .lstm import (
     backward_bytes,
     backward_workspace_slots,
+    copy_bytes,
     forward_bytes,
     forward_workspace_slots,
     lstm_backward,
@@ -21,5 +22,6 @@ __all__ = [
     "backward_workspace_slots",
     "forward_bytes",
     "backward_bytes",
+    "copy_bytes",
     "walk_pack_bytes",
 ]

@@ -16,6 +16,9 @@ from llvmlite import ir as llvmlite_ir
 from numba import types
 from numba.core.extending import intrinsic
 
+# vsigmoid and vtanh are compiled into these kernels. Numba's disk cache keys a kernel on the
+# stamp of the file that defines it: a change to vmath.py alone leaves the old code cached, so
+# it comes with a change here (and in fused/walks.py, whose loops compile these kernels in).
 from .vmath import one, vsigmoid, vtanh
 
 

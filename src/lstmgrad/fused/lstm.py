@@ -265,6 +265,86 @@ def backward_bytes(call: BackwardCall) -> int:
     return total
 
 
+def _copied(arrays: list[np.ndarray], cd: np.dtype) -> list[int]:
+    """Bytes of :func:`_c`'s copy of each array: 0 where it is C-contiguous in ``cd`` already."""
+    size = cd.itemsize
+    return [0 if a.dtype == cd and a.flags.c_contiguous else a.size * size for a in arrays]
+
+
+def _recurrent_copy(call: ForwardCall | BackwardCall, plan: Plan, gemm: Gemm, cd: np.dtype,
+                    forward: bool) -> int:  # fmt: skip
+    """Bytes of the engine's own copies of one direction's W_hh for its recurrent product, in
+    the layout the plan's method reads (fused.gemm: W_hh^T dense, "blas_t"'s W_hh and its
+    [4H, B] scratch); a library's packed form is the library's (not counted)."""
+    dims = call.dims
+    weight, rows = dims.G * dims.H * cd.itemsize, dims.G * dims.B * cd.itemsize
+    if forward and plan.fwd_walk and (plan.pair_walks or plan.walk):
+        # the Numba loop reads a copy of W_hh^T, a library's product W_hh.T in place
+        library = plan.walk_product != "loop" and gemm.walk_gemm(cd, plan.walk_product == "packed")
+        return 0 if library else weight
+    if plan.pair_walks or plan.walk:  # the backward's walks read W_hh itself
+        return 0
+    method = plan.fwd_rec if forward else plan.bwd_rec
+    if method == "blas_t":
+        return (0 if forward else weight) + rows
+    if forward:  # b = W_hh^T, a view: "blas", "loop" and "onednn" make it dense
+        if method in ("packed", "mkl"):
+            return weight if method == "mkl" and call.mask is not None else 0
+        return weight
+    return weight if method in ("packed", "mkl") else 0  # b = W_hh: dense already
+
+
+def copy_bytes(call: ForwardCall | BackwardCall, plan: Plan | None, gemm: Gemm) -> int:
+    """Memory the engine's copies of the call's arrays take at most at once, besides the
+    results, the float16 conversions of :func:`forward_bytes` / :func:`backward_bytes` and the
+    scratch: every parameter, dropout mask, initial state and (backward) saved activation that
+    is not C-contiguous in the compute dtype is copied where it is read (all of them for
+    float16 storage); per (layer, direction) the summed bias and W_hh in its recurrent
+    product's layout; where ``plan.big`` is "onednn", that library's own product results. A
+    zero-stride (broadcast) weight counts its whole logical size. ``plan`` None: the copies
+    whatever the plan (a lower bound of every plan's, for the check before a plan is made)."""
+    dims, dtype = call.dims, call.dtype
+    cd = compute_dtype(dtype)
+    item, n, per = cd.itemsize, dims.T * dims.B, 4 if dims.has_bias else 2
+    forward = isinstance(call, ForwardCall)
+    if isinstance(call, BackwardCall) and not any(call.need):
+        return 0
+    total = 0
+    if call.dropout_masks and cd == dtype:  # float16's: in forward_bytes / backward_bytes
+        total += sum(_copied(call.dropout_masks, cd))
+    pairs = 2 if plan is not None and plan.pair_walks else 1
+    onednn = plan is not None and plan.big == "onednn"
+    # per direction, whatever its layer: the summed bias (forward), W_hh's layout, the
+    # projection's own result
+    fixed = dims.G * item * (1 + (n if onednn else 0)) if forward else 0
+    fixed += 0 if plan is None else _recurrent_copy(call, plan, gemm, cd, forward)
+    weights = _copied(call.params, cd)
+    if isinstance(call, BackwardCall):  # a direction's h0 and c0, where not dense in cd
+        fixed += sum(_copied([call.h0, call.c0], cd)) // dims.K
+        saved = None
+        if cd == dtype:  # per (layer, direction): its seven saved activations
+            flat = _copied([a for s in call.saved for a in s], cd)
+            saved = [sum(flat[k :: dims.K]) for k in range(dims.K)]
+    peak = 0
+    for layer in range(dims.L):
+        ks = range(layer * dims.D, (layer + 1) * dims.D)
+        # W_ih is read for the forward's projection, and for the backward's dx of its layer
+        w_ih = isinstance(call, ForwardCall) or layer > 0 or call.need[0]
+        each = max(weights[k * per] * w_ih + weights[k * per + 1] for k in ks)
+        layer_total = pairs * (each + fixed)
+        if isinstance(call, BackwardCall):
+            if saved is not None:  # the saved activations of the layer's directions
+                layer_total += sum(saved[ks.start : ks.stop])
+            if layer > 0 and call.need[3]:  # the layer input, from the saved h below
+                h_below = _copied(call.saved[4][(layer - 1) * dims.D : layer * dims.D], cd)
+                layer_total += max(h_below)
+            if onednn:  # each direction's dx part, a weight gradient's products
+                width = dims.layer_input_size(layer)
+                layer_total += (dims.D * n * width + dims.G * (width + dims.H)) * item
+        peak = max(peak, layer_total)
+    return total + peak
+
+
 def _bias(call: ForwardCall, layer: int, d: int, cd: np.dtype) -> np.ndarray:
     dims = call.dims
     if not dims.has_bias:

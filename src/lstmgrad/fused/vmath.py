@@ -5,7 +5,8 @@ slower: docs/design.md#kernel-measurements). For float32 these are written from 
 and one bit cast, so a loop over them compiles to SIMD code: exp is a Cody-Waite range
 reduction and a degree-6 polynomial (at most 1.01 ulp on [-87, 88] with the kernels' fused
 multiply-adds, 0.98 without); tanh an odd polynomial below 0.625 and 1 - 2 / (exp(2|x|) + 1)
-above (at most 1.26 ulp on [-20, 20]); sigmoid 1 / (1 + exp(-x)) (2.5 ulp). Bounds tested in
+above (at most 1.26 ulp on [-20, 20]); sigmoid 1 / (1 + exp(-x)) (2.5 ulp), 0 below -88.72 where
+exp(-x) overflows float32 (as with libm's exp: sigmoid(-inf) = 0). Bounds tested in
 tests/test_fused.py. float64 uses libm (the accurate path).
 """
 
@@ -91,7 +92,15 @@ def _vexp(x):  # pragma: no cover - compiled
 @overload(vsigmoid)
 def _vsigmoid(x):  # pragma: no cover - compiled
     if x == types.float32:
-        return lambda x: np.float32(1.0) / (np.float32(1.0) + vexp(-x))
+
+        def impl(x):
+            s = np.float32(1.0) / (np.float32(1.0) + vexp(-x))
+            # 0 where exp(-x) overflows float32, as libm's exp gives (vexp stops at its largest
+            # finite power): sigmoid(-inf) is 0 and its derivative s(1 - s) too, so a product
+            # with an infinite input gives NaN where torch's does
+            return np.float32(0.0) if x < np.float32(-88.72284) else s
+
+        return impl
     return lambda x: 1.0 / (1.0 + math.exp(-x))
 
 

@@ -44,6 +44,9 @@ from .kernels import (
 )
 from .kernels import transpose_cols as _transpose_cols
 
+# The kernels (and vmath's functions in them) are compiled into these loops, whose disk cache
+# is keyed on this file alone: a change to kernels.py or vmath.py comes with a change here.
+
 _jit = jit()  # the kernels' own flags
 _parallel = jit(parallel=True)
 

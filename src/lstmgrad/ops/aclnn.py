@@ -5,10 +5,13 @@ every argument (the caller-allocated outputs included) and returns ``(status, wo
 executor)``. Phase 2, ``aclnnLstmBackward(workspace, workspace_size, executor, stream)`` /
 ``aclnnLSTM(...)``, runs the computation with ``workspace`` (a uint8 array of at least
 ``workspace_size`` bytes) as its scratch memory and writes the results in place into the
-caller's output arrays; it returns a status. These functions never raise an Exception: a bad
-argument is status 161001/161002, anything unexpected 561103 (a KeyboardInterrupt passes
-through; the interrupted executor counts as run), and the message of the last failure is
-available from :func:`aclGetRecentErrMsg`. That message is kept per thread, as in CANN: a thread
+caller's output arrays; it returns a status. The executor holds the execution plan phase 1
+sized the workspace for, and phase 2 runs that plan whatever the planner would choose by then
+(LSTMGRAD_PLAN, thread counts or stored measurements may change in between; threads no longer
+allowed are dropped, which never needs more scratch). These functions never raise an
+Exception: a bad argument is status 161001/161002, anything unexpected 561103 (a
+KeyboardInterrupt passes through; the interrupted executor counts as run), and the message of
+the last failure is available from :func:`aclGetRecentErrMsg`. That message is kept per thread, as in CANN: a thread
 reads the message of its own last failed call, never another thread's.
 
 torch CPU tensors work wherever arrays do, outputs and workspace included (zero copy: results
@@ -49,7 +52,8 @@ from ..core.errors import (
     LstmNullArgumentError,
 )
 from ..core.workspace import Arena, workspace_bytes
-from .api import DEFAULT_IMPL, ENGINES, engine_plan, run_backward, run_forward
+from ..fused.plan import Plan
+from .api import DEFAULT_IMPL, ENGINES, run_backward, run_forward, sized_plan
 from .tensors import array_gemm, from_torch, tensor_to_numpy, torch_gemm
 
 __all__ = [
@@ -86,12 +90,16 @@ def _fail(exc: BaseException) -> int:
 
 @dataclass
 class AclOpExecutor:
-    """What phase 1 prepared for phase 2: the validated call, the outputs, the scratch size."""
+    """What phase 1 prepared for phase 2: the validated call, the outputs, the execution plan
+    and the scratch size of that plan. Phase 2 runs that plan whatever the planner would choose
+    by then (LSTMGRAD_PLAN, thread counts or stored measurements changed in between), less any
+    threads no longer allowed, which only ever lowers its need."""
 
     op: str
     workspace_size: int
     run: Callable[[Arena], None]
     used: bool = field(default=False)
+    plan: Plan | None = field(default=None)
 
 
 def _out_array(
@@ -176,15 +184,15 @@ def aclnnLstmBackwardGetWorkspaceSize(
                 _out_array(fn, f"dparamsOut[{j}]", a, p.shape, "shape of params", dtype)
                 for j, (a, p) in enumerate(zip(items, call.params, strict=True))
             ]
-        # the engine's scratch depends on the call's plan (fused.lstm.backward_workspace_slots)
+        # the engine's scratch depends on the call's plan (fused.lstm.backward_workspace_slots):
+        # fixed now, phase 2 runs it
+        planned = sized_plan(fn, call, gemm)
         size = workspace_bytes(
-            ENGINES[DEFAULT_IMPL].backward_workspace_slots(
-                dims, dtype, engine_plan(dims, dtype, gemm)
-            )
+            ENGINES[DEFAULT_IMPL].backward_workspace_slots(dims, dtype, planned[0])
         )
 
         def run(arena: Arena, call: BackwardCall = call) -> None:
-            dx, dh_prev, dc_prev, dparams = run_backward(call, arena, gemm=gemm)
+            dx, dh_prev, dc_prev, dparams = run_backward(call, arena, gemm=gemm, planned=planned)
             for out, res in ((dx_out, dx), (dh_out, dh_prev), (dc_out, dc_prev)):
                 if out is not None and res is not None:
                     np.copyto(out, res)
@@ -192,7 +200,7 @@ def aclnnLstmBackwardGetWorkspaceSize(
                 for out, res in zip(dw_out, dparams, strict=True):
                     np.copyto(out, res)
 
-        return ACLNN_SUCCESS, size, AclOpExecutor("aclnnLstmBackward", size, run)
+        return ACLNN_SUCCESS, size, AclOpExecutor("aclnnLstmBackward", size, run, plan=planned[0])
     except Exception as exc:  # the mirror never raises
         return _fail(exc), 0, None
 
@@ -268,15 +276,15 @@ def aclnnLSTMGetWorkspaceSize(
                     ]
                 )
         call.train = train  # checked with train=False above so that dropout stays ignored
-        # the engine's scratch depends on the call's plan (fused.lstm.forward_workspace_slots)
+        # the engine's scratch depends on the call's plan (fused.lstm.forward_workspace_slots):
+        # fixed now, phase 2 runs it
+        planned = sized_plan(fn, call, gemm)
         size = workspace_bytes(
-            ENGINES[DEFAULT_IMPL].forward_workspace_slots(
-                dims, dtype, engine_plan(dims, dtype, gemm)
-            )
+            ENGINES[DEFAULT_IMPL].forward_workspace_slots(dims, dtype, planned[0])
         )
 
         def run(arena: Arena, call: ForwardCall = call) -> None:
-            res = run_forward(call, arena, gemm=gemm)
+            res = run_forward(call, arena, gemm=gemm, planned=planned)
             np.copyto(y_out, res.output)
             np.copyto(hy_out, res.hy)
             np.copyto(cy_out, res.cy)
@@ -285,7 +293,7 @@ def aclnnLSTMGetWorkspaceSize(
                     for out, a in zip(outs, got, strict=True):
                         np.copyto(out, a)
 
-        return ACLNN_SUCCESS, size, AclOpExecutor("aclnnLSTM", size, run)
+        return ACLNN_SUCCESS, size, AclOpExecutor("aclnnLSTM", size, run, plan=planned[0])
     except Exception as exc:
         return _fail(exc), 0, None
 

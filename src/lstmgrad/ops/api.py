@@ -27,6 +27,7 @@ from ..core.layout import Dims
 from ..core.workspace import Arena, scratch_held, workspace_bytes
 from ..fused.gemm import NUMPY_GEMM, Gemm
 from ..fused.plan import SAFE, Plan
+from ..planning.feasible import feasible
 from ..planning.plan import (
     big_class,
     eager,
@@ -62,29 +63,64 @@ def library_inference(dims: Dims) -> Callable[..., None] | None:
     return plan_library_inference(dims, np.dtype(np.float32), torch_gemm(), INFERENCE_PART)
 
 
-def _engine_args(impl: str, call: ForwardCall | BackwardCall, arena: Arena | None,
-                 gemm: Gemm | None, plan_dims: Dims | None,
-                 part: str) -> tuple[dict[str, Any], Callable[[float], None] | None]:  # fmt: skip
-    """The fused engine takes the GEMMs to use and the call's plan (made once, for the memory
-    check and the run alike; for a call of ``plan_dims`` where given), and the planner wants
-    the call's seconds (:func:`lstmgrad.planning.plan.plan_call`; never a sample of another
-    plan where the caller's workspace was sized for this one); the reference always computes
-    with NumPy."""
-    if impl != "fused":
-        return {}, None
-    g = gemm or NUMPY_GEMM
+Planned = tuple[Plan, Callable[[float], None]]
+"""A fused call's plan and what to call with the call's seconds once it ran."""
+
+
+def _plan_of(call: ForwardCall | BackwardCall, gemm: Gemm, plan_dims: Dims | None,
+             sample: bool) -> Planned:  # fmt: skip
+    """The call's plan (for a call of ``plan_dims`` where given) and its cost callback: the
+    planner wants the call's seconds (:func:`lstmgrad.planning.plan.plan_call`), per active row
+    where the batch sizes of packed calls vary. ``sample``: the in-use check may run a fallback
+    instead (never where the caller's workspace was sized for the plan)."""
     # calls compared by the in-use check do the same work: the same part and flags, timed per
     # active row (the batch sizes of packed calls vary)
+    part = "backward" if isinstance(call, BackwardCall) else "forward"
     flags = call.need if isinstance(call, BackwardCall) else (call.train, call.dropout > 0)
     rows = call.dims.T * call.dims.B if call.mask is None else int(np.count_nonzero(call.mask))
     key = (part, flags, call.mask is not None)
     inference = isinstance(call, ForwardCall) and not call.train and call.mask is None
-    plan, done = plan_call(plan_dims or call.dims, call.dtype, g, key, sample=arena is None,
+    plan, done = plan_call(plan_dims or call.dims, call.dtype, gemm, key, sample=sample,
                            inference=inference)  # fmt: skip
 
     def timed(seconds: float) -> None:
         done(seconds, max(rows, 1))
 
+    return plan, timed
+
+
+def sized_plan(fn: str, call: ForwardCall | BackwardCall, gemm: Gemm) -> Planned:
+    """The plan a caller sizes the fused engine's workspace for (the mirror's phase 1), fixed
+    then: hand it to :func:`run_backward` / :func:`run_forward` as ``planned`` so that the run
+    executes that plan whatever the planner says by then (LSTMGRAD_PLAN, thread counts or
+    measurements changed in between). A call whose results and copies cannot fit fails first,
+    as in :func:`run_backward` (``fn``: the name in the message).
+
+    Raises:
+        LstmMemoryError: (code 561103) the call's results and copies alone exceed the available
+            memory (checked before the plan is made).
+    """
+    if isinstance(call, ForwardCall):
+        _check_before_plan(fn, call, gemm, fused.forward_bytes(call, SAFE))
+    elif any(call.need):
+        _check_before_plan(fn, call, gemm, fused.backward_bytes(call))
+    return _plan_of(call, gemm, None, sample=False)
+
+
+def _engine_args(impl: str, call: ForwardCall | BackwardCall, gemm: Gemm | None,
+                 plan_dims: Dims | None, sample: bool,
+                 planned: Planned | None) -> tuple[dict[str, Any], Callable[[float], None] | None]:  # fmt: skip
+    """The fused engine takes the GEMMs to use and the call's plan (made once, for the memory
+    check and the run alike): ``planned`` where the caller fixed it (less any threads no
+    longer allowed, :func:`lstmgrad.planning.feasible.feasible`: that only ever lowers the
+    scratch a plan needs), else the planner's. The reference always computes with NumPy."""
+    if impl != "fused":
+        return {}, None
+    g = gemm or NUMPY_GEMM
+    if planned is None:
+        plan, timed = _plan_of(call, g, plan_dims, sample)
+    else:
+        plan, timed = feasible(planned[0], call.dims, call.dtype, g), planned[1]
     return {"gemm": g, "plan": plan}, timed
 
 
@@ -106,21 +142,43 @@ def _available(need: int) -> int | None:
 def check_memory(fn: str, need: int, results_only: bool = False) -> None:
     """Raise LstmMemoryError before a call that needs more bytes than the machine can give now
     (:func:`lstmgrad.core.machine.available_memory`; no check where that cannot be read).
-    ``results_only``: ``need`` counts the results alone (the check before a plan is made)."""
+    ``results_only``: ``need`` counts the results and the copies whatever the plan alone (the
+    check before a plan is made)."""
     avail = _available(need)
     if avail is not None and need > avail:
-        what = f"at least {need} bytes (its results alone)" if results_only else f"{need} bytes"
+        what = (f"at least {need} bytes (its results and copies alone)" if results_only
+                else f"{need} bytes")  # fmt: skip
         raise LstmMemoryError(
             f"{fn}: needs {what} of memory, only {avail} bytes are available (the "
             f"machine's available memory, within the cgroup's limit if any)"
         )
 
 
+def _layout_bytes(call: ForwardCall | BackwardCall) -> int:
+    """Bytes of the result put back in the caller's batch-first layout (a transposing copy of
+    the output, or of dx; :meth:`lstmgrad.core.contract.Layout.from_time_major`)."""
+    if call.layout.kind != "bti":
+        return 0
+    dims = call.dims
+    if isinstance(call, ForwardCall):
+        return dims.T * dims.B * dims.D * dims.H * call.dtype.itemsize
+    return dims.T * dims.B * dims.I * call.dtype.itemsize if call.need[0] else 0
+
+
+def _check_before_plan(fn: str, call: ForwardCall | BackwardCall, gemm: Gemm | None,
+                       results: int) -> None:  # fmt: skip
+    """The check before a plan is made (which may measure the machine for a new class of
+    shapes): ``results`` bytes of results and the copies every plan makes."""
+    copies = fused.copy_bytes(call, None, gemm or NUMPY_GEMM) + _layout_bytes(call)
+    check_memory(fn, results + copies, results_only=True)
+
+
 def _need(fn: str, call: ForwardCall | BackwardCall, arena: Arena | None, gemm: Gemm,
           plan: Plan, forward: bool, given: int = 0, results: int | None = None) -> None:  # fmt: skip
     """The fused engine's memory need of ``call`` under ``plan`` checked against what is
     available: its results (less ``given`` bytes of them the caller allocated; ``results``:
-    their bytes where the caller has them already) and conversions, plus the scratch beyond
+    their bytes where the caller has them already), conversions and copies
+    (:func:`lstmgrad.fused.lstm.copy_bytes`, the batch-first result), plus the scratch beyond
     the calling thread's kept buffer (none with a caller's workspace)."""
     if forward:
         assert isinstance(call, ForwardCall)
@@ -132,6 +190,7 @@ def _need(fn: str, call: ForwardCall | BackwardCall, arena: Arena | None, gemm: 
         slots = fused.backward_workspace_slots(call.dims, call.dtype, plan)
     if arena is None:
         need += max(workspace_bytes(slots) - scratch_held(), 0)
+    need += fused.copy_bytes(call, plan, gemm) + _layout_bytes(call)
     check_memory(fn, need + fused.walk_pack_bytes(call.dims, call.dtype, plan, gemm))
 
 
@@ -141,19 +200,22 @@ def run_backward(
     impl: str = DEFAULT_IMPL,
     gemm: Gemm | None = None,
     plan_dims: Dims | None = None,
+    planned: Planned | None = None,
 ) -> LstmBackwardResult:
     """Run a validated backward call; results in the caller's layout. ``plan_dims``: plan it as
     a call of these sizes (the recompute mode's segments run the whole sequence's plan).
+    ``planned``: run this plan (:func:`sized_plan`, which ``arena`` was sized for) instead of
+    asking the planner.
 
     Raises:
         LstmMemoryError: (code 561103) the fused engine would need more memory than available.
     """
     results = None
-    if impl == "fused" and any(call.need):  # the results alone, before a plan is measured
+    if impl == "fused" and any(call.need):  # the results and copies, before a plan is measured
         # (the backward's results do not depend on the plan: counted once for both checks)
         results = fused.backward_bytes(call)
-        check_memory("lstm_backward", results, results_only=True)
-    args, done = _engine_args(impl, call, arena, gemm, plan_dims, "backward")
+        _check_before_plan("lstm_backward", call, gemm, results)
+    args, done = _engine_args(impl, call, gemm, plan_dims, arena is None, planned)
     if args and any(call.need):
         _need("lstm_backward", call, arena, **args, forward=False, results=results)
     start = time.perf_counter()
@@ -177,9 +239,11 @@ def run_forward(
     gemm: Gemm | None = None,
     saved_into: np.ndarray | None = None,
     plan_dims: Dims | None = None,
+    planned: Planned | None = None,
 ) -> LstmForwardResult:
     """Run a validated forward call (drawing its dropout masks unless given); output in the
-    caller's layout. ``plan_dims`` as in :func:`run_backward`. ``saved_into``: a C-contiguous [7, L*D, T, B, H] array of the storage
+    caller's layout. ``plan_dims`` and ``planned`` as in :func:`run_backward`. ``saved_into``: a
+    C-contiguous [7, L*D, T, B, H] array of the storage
     dtype the fused engine writes the saved activations into (i, g, f, o, h, c, tanhc), the
     lists then its views.
 
@@ -189,10 +253,9 @@ def run_forward(
     if call.dropout > 0 and call.dropout_masks is None:
         call.dropout_masks = make_dropout_masks(call.dims, call.dropout, call.seed, call.dtype)
     given = 0 if saved_into is None else saved_into.nbytes
-    if impl == "fused":  # the results alone, before a plan is measured
-        need = fused.forward_bytes(call, SAFE) - given
-        check_memory("lstm_forward", need, results_only=True)
-    args, done = _engine_args(impl, call, arena, gemm, plan_dims, "forward")
+    if impl == "fused":  # the results and copies, before a plan is measured
+        _check_before_plan("lstm_forward", call, gemm, fused.forward_bytes(call, SAFE) - given)
+    args, done = _engine_args(impl, call, gemm, plan_dims, arena is None, planned)
     if args:
         _need("lstm_forward", call, arena, **args, forward=True, given=given)
         if saved_into is not None:
