@@ -421,9 +421,12 @@ columns (each output against lstmgrad's float64 reference; msProbe's names):
   RMSE x, MaxRE x, MeanRE x, small x
                                    msProbe's benchmark standard: the device's RMSE, max and mean
                                    relative error and small-value error ratio divided by those of
-                                   lstmgrad's fused engine in the dump's dtype (error above 2, 10, 2, 2;
+                                   lstmgrad's fused engine in the dump's dtype, or by msProbe's
+                                   floor for the dtype where larger (error above 2, 10, 2, 2;
                                    warning above 1)
-  msProbe                          that standard's verdict with Cosine <= 0.99 and NaN/Inf as errors
+  msProbe                          that standard's verdict with Cosine <= 0.99 and NaN/Inf as
+                                   errors; in parentheses (float16, bfloat16) the ratios' status,
+                                   information only
   bound off                        share of elements beyond c * eps * sqrt(K) * (|ref| + rms(ref)),
                                    K the length of the sum behind the output (c = --factor)
   verdict                          by --rule (default: the bound)
@@ -608,8 +611,8 @@ def _check(args: argparse.Namespace) -> int:
         print(f"lstmgrad check: refused: {exc}", file=sys.stderr)
         return 2
     print("against  lstmgrad's float64 reference; 'x' columns: the device's metric divided by "
-          "lstmgrad's fused engine's (or the correctly rounded reference's, where larger): "
-          "msProbe's benchmark standard")  # fmt: skip
+          "lstmgrad's fused engine's (or the correctly rounded reference's, where larger; no "
+          "less than msProbe's floor for the dtype): msProbe's benchmark standard")  # fmt: skip
     print()
     print("\n".join(report.table(reports, rule)))
     status = report.exit_status(reports)
