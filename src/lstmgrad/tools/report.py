@@ -230,6 +230,8 @@ def to_json(reports: list[CallReport], rule: str, factor: float) -> str:
     calls = []
     for rep in reports:
         d = asdict(rep)
+        for row in d["rows"]:
+            row.pop("profile", None)  # the data behind --plot: arrays, not a report
         d["verdict"] = rep.verdict
         calls.append(d)
     doc = {"rule": rule, "factor": factor, "summary": summary(reports),
