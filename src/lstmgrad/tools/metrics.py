@@ -153,6 +153,20 @@ def benchmark_metrics(actual: np.ndarray, ref: np.ndarray, dtype: str) -> Benchm
     )  # fmt: skip
 
 
+def expected_small_share(ref: np.ndarray, dtype: str, accumulation: int) -> float:
+    """The share of small values (|ref| <= SMALL_VALUE[dtype]) that a correct platform cannot
+    be expected to get within SMALL_VALUE_ATOL[dtype]: those whose rounding error scale, the
+    bound with c = 1 (eps * sqrt(K) * (|ref| + rms(ref))), exceeds it. A small value that is
+    the difference of larger terms is off by about that much in any summation order."""
+    r = ref.astype(np.float64).ravel()
+    small = np.isfinite(r) & (np.abs(r) <= SMALL_VALUE[dtype])
+    n_small = int(np.count_nonzero(small))
+    if not n_small:
+        return 0.0
+    scale = bound(r, dtype, accumulation, 1.0)
+    return int(np.count_nonzero(small & (scale > SMALL_VALUE_ATOL[dtype]))) / n_small
+
+
 def at_least(a: Benchmark, b: Benchmark) -> Benchmark:
     """Each metric the larger of the two (EB: a's)."""
     return Benchmark(
