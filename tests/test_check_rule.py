@@ -221,4 +221,3 @@ def test_float16_ratios_are_information_too(tmp_path):
     assert all(r.msprobe_status == metrics.INFO for r in rep.rows)
     (rep,) = check_dump(tmp_path, rule="both")
     assert rep.verdict == "passed"
-

@@ -627,7 +627,7 @@ def _check(args: argparse.Namespace) -> int:
     if len(outputs) == 2 and Path(args.csv).resolve() == Path(args.json).resolve():
         problems.append(f"--csv and --json name the same file, {args.csv}")
     if args.plot_all and not args.plot:
-        problems.append("--plot-all draws with --plot DIR only; give --plot DIR")
+        problems.append("--plot-all needs --plot DIR")
     if args.plot:
         from . import plot
 
