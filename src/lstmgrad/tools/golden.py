@@ -352,14 +352,12 @@ def error_profile(case: Case, key: str, label: str, times: np.ndarray) -> Profil
             prof.steps[name], prof.rows[name] = _peak(part, 0), _peak(part, 1)
             prof.units[name] = _peak(part, 2)
     elif label in ("h_n", "c_n", "dh0", "dc0") or label.split(".")[0] in SAVED:
-        if label.split(".")[0] in SAVED:  # one [T, B, H] activation of layer k // D, dir k % D
-            k = int(label.split(".")[1])
-            parts = [(k, a)]
-        else:  # [L*D, B, H]: no time axis
-            parts = [(k, a[k][None]) for k in range(a.shape[0])]
-        for k, part in parts:
+        saved = label.split(".")[0] in SAVED
+        # a saved activation: one [T, B, H] of (layer, direction) k; a state: [L*D, B, H]
+        states = [(int(label.split(".")[1]), a)] if saved else list(enumerate(a[:, None]))
+        for k, part in states:
             name = f"layer {k // d}, direction {k % d}" if d == 2 else f"layer {k // d}"
-            if part.shape[0] > 1 or label.split(".")[0] in SAVED:
+            if saved:  # only activations run along the time steps
                 prof.steps[name] = _peak(part, 0)
             prof.rows[name], prof.units[name] = _peak(part, 1), _peak(part, 2)
     else:  # a parameter gradient [4H, C] or [4H]: summed over steps and batch rows
