@@ -376,7 +376,8 @@ def test_cli_table_csv_json_and_exit_status(perturbed_dump, tmp_path, capsys):
     assert "VF.lstm.1.forward.output.0" in keys and "NPU.npu_lstm.0.forward" in keys
     bad = [r for r in rows if r["Accuracy Reached or Not"] == "No"]
     assert [r["NPU Name"] for r in bad] == ["VF.lstm.1.forward.output.0"]
-    assert float(bad[0]["RMSE Ratio"]) > 2 and float(bad[0]["Cosine"]) > 0.99
+    # one element 0.1% off: its relative error is 16 times msProbe's float32 floor, 2^-14
+    assert float(bad[0]["Max Rel Err Ratio"]) > 10 and float(bad[0]["Cosine"]) > 0.99
     doc = json.loads(out_json.read_text())
     assert doc["exit_status"] == 1 and len(doc["calls"]) == 3
     assert main(["check", str(perturbed_dump), "--rule", "bound", "--factor", "1e6"]) == 0

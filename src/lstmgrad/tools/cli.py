@@ -421,9 +421,12 @@ columns (each output against lstmgrad's float64 reference; msProbe's names):
   RMSE x, MaxRE x, MeanRE x, small x
                                    msProbe's benchmark standard: the device's RMSE, max and mean
                                    relative error and small-value error ratio divided by those of
-                                   lstmgrad's fused engine in the dump's dtype (error above 2, 10, 2, 2;
+                                   lstmgrad's fused engine in the dump's dtype, or by msProbe's
+                                   floor for the dtype where larger (error above 2, 10, 2, 2;
                                    warning above 1)
-  msProbe                          that standard's verdict with Cosine <= 0.99 and NaN/Inf as errors
+  msProbe                          that standard's verdict with Cosine <= 0.99 and NaN/Inf as
+                                   errors; in parentheses (float16, bfloat16) the ratios' status,
+                                   information only
   bound off                        share of elements beyond c * eps * sqrt(K) * (|ref| + rms(ref)),
                                    K the length of the sum behind the output (c = --factor)
   verdict                          by --rule (default: the bound)
@@ -495,6 +498,12 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
                    help="largest errors located per failing output (default 3)")  # fmt: skip
     p.add_argument("--csv", metavar="FILE", help="also write one row per (call, output)")
     p.add_argument("--json", metavar="FILE", help="also write the whole report as JSON")
+    p.add_argument("--plot", metavar="DIR",
+                   help="also draw one PNG per failing output into DIR (made if missing): its "
+                   "largest error / bound along the time steps, the batch rows and the units or "
+                   "gates, per layer and direction (needs matplotlib: the bench or dev extra)")  # fmt: skip
+    p.add_argument("--plot-all", action="store_true",
+                   help="with --plot: a PNG per judged output, not only the failing ones")  # fmt: skip
     p.add_argument("--allow-dump-data-dir", action="store_true",
                    help="read an msProbe dump's tensor files from a folder outside PATH: the "
                    "dump_data_dir that dump.json records (used when no dump_tensor_data is "
@@ -556,9 +565,25 @@ def _output_problem(option: str, value: str) -> str | None:
     return None
 
 
+def _folder_problem(option: str, value: str) -> str | None:
+    """Why the folder an output option names cannot be written into, or None."""
+    p = Path(value)
+    if p.exists() and not p.is_dir():
+        return f"{option} {value}: is a file; give a folder"
+    if p.is_dir():
+        if not os.access(p, os.W_OK | os.X_OK):
+            return f"{option} {value}: the folder is not writable"
+        return None
+    if not p.parent.is_dir():
+        return f"{option} {value}: no folder {p.parent} to make it in"
+    if not os.access(p.parent, os.W_OK | os.X_OK):
+        return f"{option} {value}: the folder {p.parent} is not writable"
+    return None
+
+
 def _write_outputs(args: argparse.Namespace, reports: list[Any], rule: str,
                    factor: float) -> str | None:  # fmt: skip
-    """Write --csv and --json; the first failure's message, or None."""
+    """Write --csv, --json and --plot; the first failure's message, or None."""
     from . import report
 
     try:
@@ -572,6 +597,16 @@ def _write_outputs(args: argparse.Namespace, reports: list[Any], rule: str,
     except OSError as exc:
         option = "--json" if args.json and getattr(exc, "filename", None) == args.json else "--csv"
         return f"{option}: could not write it ({exc.strerror or exc})"
+    if args.plot:
+        from . import plot
+
+        try:
+            files = plot.write_all(reports, args.plot, every=args.plot_all)
+        except OSError as exc:
+            return f"--plot: could not write into {args.plot} ({exc.strerror or exc})"
+        which = "judged" if args.plot_all else "failing"
+        print(f"plots    {len(files)} PNG files in {args.plot}, one per {which} output"
+              if files else f"plots    none: no {which} output")  # fmt: skip
     return None
 
 
@@ -591,6 +626,12 @@ def _check(args: argparse.Namespace) -> int:
     problems = [m for o, v in outputs if (m := _output_problem(o, v))]
     if len(outputs) == 2 and Path(args.csv).resolve() == Path(args.json).resolve():
         problems.append(f"--csv and --json name the same file, {args.csv}")
+    if args.plot_all and not args.plot:
+        problems.append("--plot-all needs --plot DIR")
+    if args.plot:
+        from . import plot
+
+        problems += [m for m in (_folder_problem("--plot", args.plot), plot.missing()) if m]
     if problems:  # before any work: a check can take minutes
         print(f"lstmgrad check: {problems[0]}", file=sys.stderr)
         return 2
@@ -608,8 +649,8 @@ def _check(args: argparse.Namespace) -> int:
         print(f"lstmgrad check: refused: {exc}", file=sys.stderr)
         return 2
     print("against  lstmgrad's float64 reference; 'x' columns: the device's metric divided by "
-          "lstmgrad's fused engine's (or the correctly rounded reference's, where larger): "
-          "msProbe's benchmark standard")  # fmt: skip
+          "lstmgrad's fused engine's (or the correctly rounded reference's, where larger; no "
+          "less than msProbe's floor for the dtype): msProbe's benchmark standard")  # fmt: skip
     print()
     print("\n".join(report.table(reports, rule)))
     status = report.exit_status(reports)
@@ -626,7 +667,8 @@ def _check_lstmgrad_dump(args: argparse.Namespace) -> int:
     """A .npz / .pt file written by lstmgrad.dump: one aclnnLstmBackward call."""
     from . import check
 
-    extra = [o for o, v in (("--csv", args.csv), ("--json", args.json),
+    extra = [o for o, v in (("--csv", args.csv), ("--json", args.json), ("--plot", args.plot),
+                            ("--plot-all", args.plot_all),
                             ("--no-dropout", args.no_dropout), ("--num-layers", args.num_layers),
                             ("--bidirectional", args.bidirectional), ("--no-bias", args.no_bias),
                             ("--batch-first", args.batch_first)) if v]  # fmt: skip

@@ -55,7 +55,7 @@ def table(reports: list[CallReport], rule: str) -> list[str]:
                 r.key, r.label, _g(c.cosine, ".6f"), _g(c.max_abs_err), _g(c.max_rel_err),
                 f"{c.one_thousandth:.4f}", f"{c.five_thousandths:.4f}", _ratio(r, "rmse"),
                 _ratio(r, "max_rel_err"), _ratio(r, "mean_rel_err"),
-                _ratio(r, "small_value_err_ratio"), r.msprobe_status, f"{r.bound_off:.2%}",
+                _ratio(r, "small_value_err_ratio"), _msprobe(r), f"{r.bound_off:.2%}",
                 VERDICT.get(r.status, r.status),
             ])  # fmt: skip
         w = [max(len(row[k]) for row in rows) for k in range(len(cols))]
@@ -78,16 +78,27 @@ def table(reports: list[CallReport], rule: str) -> list[str]:
     return lines
 
 
+def _msprobe(row: Row) -> str:
+    """The msProbe column: the msprobe rule's status, or the benchmark standard's in
+    parentheses where its ratios are information only (float16, bfloat16)."""
+    if row.msprobe_status == metrics.INFO:
+        return f"({row.benchmark_status})"
+    return row.msprobe_status
+
+
 RULE_TEXT = {
-    "msprobe": "msprobe (the verdict): an output fails on NaN/Inf where the reference has none, Cosine <= "
-    "0.99, or a benchmark-standard ratio (device / lstmgrad's fused engine, both against the "
-    "float64 reference) above its error threshold (RMSE 2, MaxRE 10, MeanRE 2, small 2); "
-    "ratios above 1 are warnings",
+    "msprobe": "msprobe (the verdict): an output fails on NaN/Inf where the reference has none, "
+    "Cosine <= 0.99, or, in float32 and float64, a benchmark-standard ratio (device / lstmgrad's "
+    "fused engine, both against the float64 reference, divided by no less than 2^-14) above its "
+    "error threshold (RMSE 2, MaxRE 10, MeanRE 2, small 2); ratios above 1 are warnings; in "
+    "float16 and bfloat16 the ratios are information (in parentheses) and an output without "
+    "NaN/Inf or low Cosine is unjudged",
     "bound": "bound (the verdict): an output fails when any element is beyond c * eps * "
     "sqrt(K) * (|ref| + rms(ref)) of the float64 reference, or holds NaN/Inf where the "
     "reference does not; the msProbe column is msProbe's benchmark standard and cosine, shown "
     "for reference (--rule msprobe makes it the verdict)",
-    "both": "both: an output must pass the msprobe rule and the bound",
+    "both": "both: an output must pass the msprobe rule and the bound (in float16 and bfloat16: "
+    "the bound, NaN/Inf and Cosine)",
 }
 
 
@@ -118,6 +129,8 @@ def summary(reports: list[CallReport]) -> str:
 def _unjudged(rep: CallReport) -> str:
     if any(r.status == "undecided" for r in rep.rows):
         return "outputs above layer 0 differ and dropout is unknown: see --no-dropout"
+    if any(r.status == "unjudged" and r.msprobe_status == metrics.INFO for r in rep.rows):
+        return f"{rep.dtype}: --rule msprobe's ratios are information only; see --rule bound"
     problems = [r.note for r in rep.rows if r.status == "unreadable"]
     return problems[0] if problems else "nothing in it could be judged"
 
@@ -217,6 +230,8 @@ def to_json(reports: list[CallReport], rule: str, factor: float) -> str:
     calls = []
     for rep in reports:
         d = asdict(rep)
+        for row in d["rows"]:
+            row.pop("profile", None)  # the data behind --plot: arrays, not a report
         d["verdict"] = rep.verdict
         calls.append(d)
     doc = {"rule": rule, "factor": factor, "summary": summary(reports),
