@@ -70,9 +70,7 @@ def test_show_prints_a_line_per_class(empty_store, capsys):
     assert len(lines) == 10  # nothing of the entries' timings
 
 
-def test_a_gate_below_the_margin_keeps_the_default_and_a_safe_plan_says_safe(
-    empty_store, capsys
-):
+def test_a_gate_below_the_margin_and_a_safe_plan(empty_store, capsys):
     empty_store.put(plan.gate_class(DIMS, F32, "numpy"), {**ENTRIES["gate"], "ratio": 1.01})
     empty_store.put(plan.big_class(DIMS, F32, "numpy"), {"plan": {"big": "blas"},
                                                          "measured_at": "x"})  # fmt: skip

@@ -31,7 +31,7 @@ SWITCH_VALUES = {"1": "on", "on": "on", "true": "on", "yes": "on",
 
 
 def _choices(values: Mapping[str, str]) -> str:
-    """"'a', 'b' or 'c'" for the values named, then the other spellings of each."""
+    """ "'a', 'b' or 'c'" for the values named, then the other spellings of each."""
     names = list(dict.fromkeys(values.values()))
     quoted = [repr(n) for n in names]
     text = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
