@@ -113,13 +113,37 @@ def test_import_never_fails_on_a_bad_value():
     assert proc.stderr == ""
 
 
-def test_tune_show_says_which_variable_is_wrong(monkeypatch, capsys, tmp_path):
+@pytest.mark.parametrize(
+    "name, value, says, got",
+    [("LSTMGRAD_TUNE", "offf", "LSTMGRAD_TUNE: expected 'on', 'eager', 'cached' or 'off'", "offf"),
+     ("LSTMGRAD_BLAS", "mkl", "LSTMGRAD_BLAS: expected 'numpy' or 'torch'", "mkl"),
+     ("LSTMGRAD_PRIVATE_OPS", "2", "LSTMGRAD_PRIVATE_OPS: expected 'on' or 'off'", "2"),
+     ("LSTMGRAD_PLAN", "threads=x", "LSTMGRAD_PLAN: threads must be an integer >= 1", "x")],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    "argv",
+    [["tune", "--show"], ["tune"], ["tune", "--shape", "5,2,3,4"], ["bench", "--quick"],
+     ["bench", "--workload", "grid", "--quick"]],
+    ids=["tune-show", "tune", "tune-shape", "bench", "bench-workload"],
+)  # fmt: skip
+def test_commands_say_which_variable_is_wrong(monkeypatch, capsys, tmp_path, argv, name, value,
+                                              says, got):  # fmt: skip
+    """Before any work (bench would time nothing; tune measure nothing), exit 2."""
+    monkeypatch.setenv("LSTMGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(name, value)
+    assert main([*argv, *(["--input", "numpy"] if argv[0] == "tune" else [])]) == 2
+    captured = capsys.readouterr()
+    err = captured.err
+    assert err.startswith(f"lstmgrad {argv[0]}: {says}") and err.count("\n") == 1, err
+    assert err.endswith(f", got {got!r}\n"), err
+    assert captured.out == ""
+
+
+def test_tune_reset_needs_no_valid_mode(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("LSTMGRAD_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("LSTMGRAD_TUNE", "offf")
-    assert main(["tune", "--show", "--input", "numpy"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("lstmgrad tune: LSTMGRAD_TUNE: expected 'on', 'eager', 'cached'")
-    assert "got 'offf'" in err
+    assert main(["tune", "--reset", "--input", "numpy"]) == 0
+    assert capsys.readouterr().out == f"nothing stored at {tmp_path}\n"
 
 
 def test_every_variable_read_is_checked_and_documented():

@@ -55,3 +55,11 @@ def choice(name: str, default: str, values: Mapping[str, str]) -> str:
     if selected is None:
         raise ValueError(f"{name}: expected {_choices(values)}, got {raw!r}")
     return selected
+
+
+def check() -> None:
+    """Read every variable of this module: ValueError for the first one set to a value outside
+    its choices (a command checks them before it starts its work)."""
+    choice(TUNE, "on", TUNE_VALUES)
+    choice(BLAS, "numpy", BLAS_VALUES)
+    choice(PRIVATE_OPS, "on", SWITCH_VALUES)

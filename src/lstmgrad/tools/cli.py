@@ -114,6 +114,8 @@ def _tune(args: argparse.Namespace) -> int:
 
     kind = "torch" if args.input == "tensors" else "numpy"
     shapes = [s.sizes() for s in args.shape]
+    if (shapes or args.show or args.json or not args.reset) and _bad_environment("tune"):
+        return 2
     if kind == "torch":
         try:
             import torch  # noqa: F401  (--show: the torch store's key names torch's version)
@@ -142,11 +144,7 @@ def _tune(args: argparse.Namespace) -> int:
         print(f"T{s['T']} B{s['B']} I{s['I']} H{s['H']} L{s['L']} D{s['D']} ({args.input}, "
               f"{args.dtype}): {row['plan'].describe()} [{row['seconds']:.2f} s; {where}]")  # fmt: skip
     if args.show or args.json or not (shapes or args.reset):
-        try:
-            stored = plan.show()
-        except ValueError as exc:  # an LSTMGRAD_* variable the store's key reads is malformed
-            print(f"lstmgrad tune: {exc}", file=sys.stderr)
-            return 2
+        stored = plan.show()
         if args.json:
             print(json.dumps(stored, indent=1, default=str))
         else:
@@ -156,6 +154,21 @@ def _tune(args: argparse.Namespace) -> int:
               "later processes will measure them again", file=sys.stderr)  # fmt: skip
         return 1
     return 0
+
+
+def _bad_environment(command: str) -> bool:
+    """Whether an LSTMGRAD_* variable holds a value outside its choices (then said on stderr):
+    checked before a command's work, which would stop at its first call."""
+    from ..core import env
+    from ..planning import plan
+
+    try:
+        env.check()
+        plan.overrides()  # LSTMGRAD_PLAN
+    except ValueError as exc:
+        print(f"lstmgrad {command}: {exc}", file=sys.stderr)
+        return True
+    return False
 
 
 def _shapes_epilog() -> str:
@@ -281,6 +294,8 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     if args.rounds is not None and args.rounds < 1:
         print("lstmgrad bench: --rounds must be at least 1", file=sys.stderr)
+        return 2
+    if _bad_environment("bench"):
         return 2
     if args.workload is not None:
         return _bench_workload(args, busy)
