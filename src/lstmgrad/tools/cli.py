@@ -82,7 +82,7 @@ def _main(argv: list[str] | None) -> int:
     tune.add_argument(
         "--json",
         action="store_true",
-        help="with --show: print the stored record as JSON instead of the table",
+        help="print what is stored as JSON (the whole record) instead of the table; implies --show",
     )
     tune.add_argument(
         "--reset",
@@ -172,9 +172,13 @@ def _bad_environment(command: str) -> bool:
 
 
 def _shapes_epilog() -> str:
+    """The named shapes a --shape takes, for a command's --help."""
     from . import shapes
 
-    return "\n".join(["named shapes (T,B,I,H,L,D):", *shapes.help_lines()])
+    varlen = " and ".join(s.id for s in shapes.SHAPES if s.varlen)
+    return "\n".join(["named shapes (T,B,I,H,L,D):", *shapes.help_lines(),
+                      f"(the variable-length shapes {varlen} are timed by the repository's",
+                      "benchmarks/run.py)"])  # fmt: skip
 
 
 def _shape_arg(text: str) -> Any:
@@ -221,8 +225,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
             "--quick each workload takes well under a minute.",
             78,
         ),
-        epilog=_shapes_epilog() + "\nThe variable-length shapes varlen-1 and varlen-2 are "
-        "timed by the repository's\nbenchmarks/run.py.",
+        epilog=_shapes_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     group = p.add_mutually_exclusive_group()
