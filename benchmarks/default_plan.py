@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from shapes import SHAPES  # noqa: E402
+from shapes import SHAPES, select  # noqa: E402
 
 import lstmgrad  # noqa: E402
 from lstmgrad.planning import plan  # noqa: E402
@@ -51,7 +51,8 @@ def run(which: str, root: Path, x: torch.Tensor, params: list, kw: dict) -> floa
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     dense = [s.id for s in SHAPES if s.lengths_range is None]
-    p.add_argument("--shapes", default=",".join(dense))
+    p.add_argument("--shapes", default=",".join(dense), metavar="NAME[,NAME...]",
+                   help="shape names of shapes.py (dense ones; default all of them)")  # fmt: skip
     p.add_argument("--grid", action="store_true",
                    help="the grid's shapes (lstmgrad.tools.workloads.grid_sample) instead")  # fmt: skip
     p.add_argument("--rounds", type=int, default=5)
@@ -60,16 +61,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="the measured plan's first use beside N busy processes (default 0)")  # fmt: skip
     args = p.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="lstmgrad-default-plan-"))
-    by_name: dict = {s.id: s for s in SHAPES}
     if args.grid:  # the realistic grid: I = H, the LSTM alone
         by_name = {s.id: s for s in workloads.grid_sample()}
-        args.shapes = args.shapes if "H" in args.shapes else ",".join(by_name)
+        names = args.shapes.split(",") if "H" in args.shapes else list(by_name)
+        shapes = [(n, by_name[n]) for n in names]
+    else:
+        shapes = [(s.id, s) for s in select(args.shapes, varlen=False)]
     out = {"load": os.getloadavg(), "cpu": lstmgrad.core.machine.cpu_model(),
            "tune_busy": args.tune_busy, "shapes": {}}  # fmt: skip
     print(f"{'shape':22s} {'off ms':>9s} {'default ms':>11s} {'measured ms':>12s}  off/measured"
           "  default/measured")  # fmt: skip
-    for name in args.shapes.split(","):
-        s = by_name[name]
+    for name, s in shapes:
         g = torch.Generator().manual_seed(0)
         x = torch.randn(s.T, s.B, s.I, generator=g)
         params = []

@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _harness import md_table, run_main, time_reps  # noqa: E402
-from shapes import BY_ID  # noqa: E402
+from shapes import select  # noqa: E402
 
 Item = tuple[Callable[[Any], Any], Callable[[], Any] | None]  # timed(state), untimed() -> state
 
@@ -261,9 +261,10 @@ def scaling(args: argparse.Namespace) -> dict:
               f"GFLOP/s against {top['alone_gflops']:.0f} alone: {top['ratio']:.2f}x "
               f"(rounds: {each})")  # fmt: skip
     rows = []
-    for shape_id in args.shapes.split(","):
+    for shape in select(args.shapes, varlen=False):
+        shape_id = shape.id
         worker.ROLE, worker.INPUT = "lstmgrad", "tensors"  # worker.py's items, in this process
-        worker.setup(BY_ID[shape_id].to_dict())
+        worker.setup(shape.to_dict())
         items = dict(worker.ITEMS)
         for name, label in (("bwd", "backward"), ("fwdbwd", "forward+backward")):
             timed, untimed = items[name]

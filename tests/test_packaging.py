@@ -60,7 +60,7 @@ def test_tune_show_and_reset_work_without_torch(tmp_path):
     (also a torch store written when PyTorch was installed) and says so truthfully."""
     main = "from lstmgrad.tools.cli import main; sys.exit(main({}))"
     cache = {"LSTMGRAD_CACHE_DIR": str(tmp_path), "LSTMGRAD_TUNE": "on"}
-    for argv in (["tune", "--show"], ["tune"]):
+    for argv in (["tune", "--show", "--json"], ["tune", "--json"]):
         proc = run_without_torch(main.format(argv), **cache)
         assert proc.returncode == 0, proc.stderr
         shown = json.loads(proc.stdout)

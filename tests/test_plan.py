@@ -789,7 +789,7 @@ def test_tune_command_measures_shows_and_resets(store, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("T5 B2 I3 H4 L1 D1 (numpy, float32): ") and "threads=" in lines[0]
     assert lines[1].startswith("T3 B2 I4 H4 L2 D2 (numpy, float32): ")
-    assert main(["tune", "--show", "--input", "numpy"]) == 0
+    assert main(["tune", "--show", "--json", "--input", "numpy"]) == 0
     shown = json.loads(capsys.readouterr().out)
     whats = sorted(json.loads(k)["what"] for k in shown["numpy"]["entries"])
     # per shape its big products and step loops, and a gate where the measured plan differs
@@ -804,8 +804,10 @@ def test_tune_command_measures_shows_and_resets(store, capsys):
 def test_tune_command_rejects_bad_shapes(store, capsys, shape):
     from lstmgrad.tools.cli import main
 
-    assert main(["tune", "--shape", shape]) == 2
-    assert "T,B,I,H[,L[,D]]" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["tune", "--shape", shape])
+    assert exc.value.code == 2
+    assert "argument --shape: expected T,B,I,H[,L[,D]]" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (3, 5), (64, 48), (1024, 256), (17, 1000)])

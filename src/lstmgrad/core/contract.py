@@ -246,8 +246,10 @@ def check_array(
     legend: str,
     dtype: np.dtype,
     param: str | None = None,
+    hint: str = "",
 ) -> np.ndarray:
-    """An ndarray of exactly ``shape`` and ``dtype`` (the dtype of input)."""
+    """An ndarray of exactly ``shape`` and ``dtype`` (the dtype of input); ``hint`` ends the
+    message of a wrong shape (a likely cause)."""
     param = param or name
     if not isinstance(a, np.ndarray):
         raise LstmInvalidArgumentError(
@@ -261,7 +263,8 @@ def check_array(
         )
     if tuple(a.shape) != tuple(shape):
         raise LstmInvalidArgumentError(
-            f"{fn}: {name} must have shape {_fmt_shape(shape)} ({legend}), got {_fmt_shape(a.shape)}",
+            f"{fn}: {name} must have shape {_fmt_shape(shape)} ({legend}), got "
+            f"{_fmt_shape(a.shape)}{hint}",
             param,
         )
     return a
@@ -363,16 +366,35 @@ def check_params(fn: str, params: list[Any], dims: Dims, dtype: np.dtype) -> lis
     return out
 
 
+def _layout_hint(x: np.ndarray, layout: Layout, state: Any, dims: Dims) -> str:
+    """A hint for a state [L*D, B', H] whose B' is not input's B but the other of input's
+    first two axes: input is likely batch-first without batch_first (or the reverse)."""
+    if layout.kind == "flat" or x.ndim != 3 or x.shape[0] == x.shape[1]:
+        return ""
+    if not (isinstance(state, np.ndarray) and state.ndim == 3):
+        return ""
+    other = int(x.shape[0] if layout.kind == "tbi" else x.shape[1])
+    if (int(state.shape[0]), int(state.shape[1]), int(state.shape[2])) != (dims.K, other, dims.H):
+        return ""
+    if layout.kind == "tbi":
+        return " (input looks batch-first, [B, T, I]: pass batch_first=True)"
+    return " (input looks time-major, [T, B, I]: pass batch_first=False)"
+
+
 def _check_state_list(
-    fn: str, name: str, value: Any, dims: Dims, dtype: np.dtype
+    fn: str, name: str, value: Any, dims: Dims, dtype: np.dtype, x: np.ndarray, layout: Layout
 ) -> list[np.ndarray]:
-    """hx: [h0, c0], each [L*D, B, H]."""
+    """hx: [h0, c0], each [L*D, B, H]; a wrong B that matches input's other leading axis gets
+    a hint about batch_first (:func:`_layout_hint`)."""
     items = check_list(fn, name, value, 2, "h0, c0")
     shape = (dims.K, dims.B, dims.H)
     return [
-        check_array(fn, f"{name}[{j}]", a, shape, "L*D, B, H", dtype, param=name)
+        a if _valid(a, shape, dtype) else check_array(
+            fn, f"{name}[{j}]", a, shape, "L*D, B, H", dtype, param=name,
+            hint=_layout_hint(x, layout, a, dims),
+        )
         for j, a in enumerate(items)
-    ]
+    ]  # fmt: skip
 
 
 def _resolve_time_batch(
@@ -414,17 +436,19 @@ def _resolve_time_batch(
 
 
 def _check_dropout_masks(
-    fn: str, value: Any, dims: Dims, dtype: np.dtype, applies: bool
+    fn: str, value: Any, dims: Dims, dtype: np.dtype, applies: bool, name: str = "dropout_masks"
 ) -> list[np.ndarray] | None:
-    """L-1 masks [T, B, D*H] when dropout applies (dropout > 0 and train), else None."""
+    """L-1 masks [T, B, D*H] when dropout applies (dropout > 0 and train), else None; ``name``
+    is what the caller passed them as (``saved.dropout_masks`` through ``saved``)."""
     if not applies:
         if value is not None and not (isinstance(value, (list, tuple)) and len(value) == 0):
             got = (
                 f"a list of {len(value)}" if isinstance(value, (list, tuple)) else _type_name(value)
             )
+            advice = "" if name == "dropout_masks" else ": pass the forward's dropout and train"
             raise LstmInvalidArgumentError(
-                f"{fn}: dropout_masks must be None when dropout is 0 or train is False (they "
-                f"would be ignored), got {got}",
+                f"{fn}: {name} must be None when dropout is 0 or train is False (they "
+                f"would be ignored{advice}), got {got}",
                 "dropout_masks",
             )
         return None
@@ -442,6 +466,101 @@ def _check_dropout_masks(
         check_array(fn, f"dropout_masks[{j}]", a, shape, "T, B, D*H", dtype, param="dropout_masks")
         for j, a in enumerate(items)
     ]
+
+
+def _looks_saved(value: Any) -> bool:
+    """Whether ``value`` is the forward's whole saved tuple rather than one list of it: an
+    LstmSaved, or 7 or 8 items whose first seven are lists."""
+    if isinstance(value, LstmSaved):
+        return True
+    return (isinstance(value, (list, tuple)) and len(value) in (7, 8)
+            and all(isinstance(v, (list, tuple)) for v in value[:7]))  # fmt: skip
+
+
+def _looks_like_masks(value: Any, input: Any) -> bool:
+    """Whether ``value``, given as batch_sizes, looks like ``saved.dropout_masks``: a list of
+    3-D arrays (or tensors), or an empty list beside a 3-D input (one layer's masks)."""
+    if not isinstance(value, (list, tuple)):
+        return False
+    if not value:
+        return getattr(input, "ndim", None) == 3
+    return all(getattr(v, "ndim", None) == 3 for v in value)
+
+
+def unpack_saved(
+    fn: str,
+    saved: Any,
+    lists: Sequence[Any],
+    batch_sizes: Any,
+    dropout_masks: Any,
+    input: Any,
+) -> tuple[tuple[Any, ...], Any, str]:
+    """The backward's seven saved lists (i, g, f, o, h, c, tanhc), its dropout masks and the
+    name they came by (for messages), from either form: ``saved`` (the forward's ``LstmSaved``:
+    its seven lists and its masks) or the seven lists in aclnn order (``lists``) with
+    ``dropout_masks``.
+
+    The forward's whole saved tuple where one list or batch_sizes was expected is named as
+    such (161002): ``saved`` passed as ``i``, and ``*saved``, whose eighth item (the masks)
+    lands in batch_sizes. Without dropout ``*saved`` puts None there, which is the right
+    batch_sizes of a dense call.
+    """
+    pass_saved = (
+        "pass saved=fwd.saved (or *fwd.saved[:7] and dropout_masks=fwd.saved.dropout_masks)"
+    )
+    if saved is None:
+        if all(v is None for v in lists):
+            raise LstmNullArgumentError(
+                f"{fn}: saved is required (the forward's LstmForwardResult.saved; or the lists "
+                f"i, g, f, o, h, c, tanhc in aclnn order), got None",
+                "saved",
+            )
+        if _looks_saved(lists[0]):
+            raise LstmInvalidArgumentError(
+                f"{fn}: i must be a list of L*D arrays [T, B, H], got the forward's whole saved "
+                f"tuple ({len(lists[0])} items): {pass_saved}",
+                "i",
+            )
+        if _looks_like_masks(batch_sizes, input):
+            raise LstmInvalidArgumentError(
+                f"{fn}: batch_sizes must be a 1-D int64 array [T], got a list of "
+                f"{len(batch_sizes)} arrays: it looks like saved.dropout_masks, the 8th item of "
+                f"the forward's saved (was *fwd.saved passed?): {pass_saved}",
+                "batch_sizes",
+            )
+        return tuple(lists), dropout_masks, "dropout_masks"
+    if isinstance(saved, LstmForwardResult):
+        raise LstmInvalidArgumentError(
+            f"{fn}: saved must be the forward's saved activations (an LstmSaved), got the "
+            f"whole LstmForwardResult: pass saved=fwd.saved",
+            "saved",
+        )
+    if not (isinstance(saved, (list, tuple)) and len(saved) in (7, 8)):
+        got = _type_name(saved)
+        if isinstance(saved, (list, tuple)):
+            got = f"a {type(saved).__name__} of length {len(saved)}"
+        raise LstmInvalidArgumentError(
+            f"{fn}: saved must be an LstmSaved (i, g, f, o, h, c, tanhc, dropout_masks) or its "
+            f"first 7 lists, got {got}",
+            "saved",
+        )
+    given = [n for n, v in zip(SAVED_NAMES, lists, strict=True) if v is not None]
+    if given:
+        raise LstmInvalidArgumentError(
+            f"{fn}: saved must come alone, not with {', '.join(given)}: pass saved=fwd.saved or "
+            f"the seven lists i, g, f, o, h, c, tanhc, not both",
+            "saved",
+        )
+    masks = saved[7] if len(saved) == 8 else None
+    if masks is not None and dropout_masks is not None and dropout_masks is not masks:
+        raise LstmInvalidArgumentError(
+            f"{fn}: dropout_masks must be None when saved holds masks (saved.dropout_masks "
+            f"are used), got a second set",
+            "dropout_masks",
+        )
+    if dropout_masks is not None:
+        return tuple(saved[:7]), dropout_masks, "dropout_masks"
+    return tuple(saved[:7]), masks, "saved.dropout_masks"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -465,8 +584,10 @@ def check_backward(
     batch_first: Any,
     output_mask: Any,
     dropout_masks: Any,
+    masks_name: str = "dropout_masks",
 ) -> BackwardCall:
-    """Validate a backward call and normalise it; raise before any computation."""
+    """Validate a backward call and normalise it; raise before any computation.
+    ``masks_name``: what the caller passed ``dropout_masks`` as, for the messages."""
     for name, value in (("input", input), ("hx", hx), ("params", params)):
         require(fn, name, value)
     for name, value in zip(SAVED_NAMES, saved, strict=True):
@@ -507,7 +628,7 @@ def check_backward(
     dims = Dims(steps, batch, int(x.shape[-1]), hidden, num_layers, num_dirs, has_bias)
 
     checked_params = check_params(fn, plist, dims, dtype)
-    h0, c0 = _check_state_list(fn, "hx", hx, dims, dtype)
+    h0, c0 = _check_state_list(fn, "hx", hx, dims, dtype, x, layout)
     out_shape = _layout_shape(layout, dims, dims.D * dims.H)
     out_legend = {"tbi": "T, B, D*H", "bti": "B, T, D*H", "flat": "T*B, D*H"}[layout.kind]
     dy_t = None
@@ -527,7 +648,7 @@ def check_backward(
         ]
         for n, lst in zip(SAVED_NAMES, saved_lists, strict=True)
     )
-    masks = _check_dropout_masks(fn, dropout_masks, dims, dtype, applies=p > 0 and train)
+    masks = _check_dropout_masks(fn, dropout_masks, dims, dtype, p > 0 and train, masks_name)
     return BackwardCall(
         dims=dims,
         dtype=dtype,
@@ -625,7 +746,7 @@ def check_forward(
     checked_params = check_params(fn, plist, dims, dtype)
     h0 = c0 = None
     if hx_items is not None:
-        h0, c0 = _check_state_list(fn, "hx", hx_items, dims, dtype)
+        h0, c0 = _check_state_list(fn, "hx", hx_items, dims, dtype, x, layout)
     masks = None
     if dropout_masks is not None:
         masks = _check_dropout_masks(fn, dropout_masks, dims, dtype, applies=p > 0 and train)

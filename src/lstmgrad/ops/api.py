@@ -13,13 +13,16 @@ from .. import fused, reference
 from ..core import machine
 from ..core.contract import (
     DEFAULT_IMPL,
+    SAVED_NAMES,
     BackwardCall,
     ForwardCall,
     LstmBackwardResult,
     LstmForwardResult,
+    LstmSaved,
     check_backward,
     check_forward,
     check_impl,
+    unpack_saved,
 )
 from ..core.dropout import make_dropout_masks
 from ..core.errors import LstmError, LstmInternalError, LstmMemoryError
@@ -279,15 +282,16 @@ def lstm_backward(
     dy: np.ndarray | None,
     dh: np.ndarray | None,
     dc: np.ndarray | None,
-    i: Sequence[np.ndarray],
-    g: Sequence[np.ndarray],
-    f: Sequence[np.ndarray],
-    o: Sequence[np.ndarray],
-    h: Sequence[np.ndarray],
-    c: Sequence[np.ndarray],
-    tanhc: Sequence[np.ndarray],
+    i: Sequence[np.ndarray] | None = None,
+    g: Sequence[np.ndarray] | None = None,
+    f: Sequence[np.ndarray] | None = None,
+    o: Sequence[np.ndarray] | None = None,
+    h: Sequence[np.ndarray] | None = None,
+    c: Sequence[np.ndarray] | None = None,
+    tanhc: Sequence[np.ndarray] | None = None,
     batch_sizes: np.ndarray | Sequence[int] | None = None,
     *,
+    saved: LstmSaved | Sequence[Any] | None = None,
     has_bias: bool = True,
     num_layers: int = 1,
     dropout: float = 0.0,
@@ -317,14 +321,16 @@ def lstm_backward(
         dy: ``dy`` gradient of the last layer's output, layout of input with width D*H; None = 0.
         dh, dc: ``dh``/``dc`` gradients of h_n and c_n, [L*D, B, H]; None = 0.
         i, g, f, o, h, c, tanhc: the forward's saved activations, lists of L*D arrays
-            [T, B, H], time-major (``LstmForwardResult.saved``).
+            [T, B, H], time-major: ``*fwd.saved[:7]`` (aclnn order), or None with ``saved``.
         batch_sizes: ``batchSizesOptional`` int64 [T]; number of sequences still running at
             each step. Variable lengths in the padded layout; padding never influences a result.
         has_bias, num_layers, dropout, train, bidirectional, batch_first: as in the forward.
         output_mask: ``outputMask`` 4 booleans (dx, dh_prev, dc_prev, dparams); a False output
             is neither computed nor returned (None). Default: all True.
+        saved: the forward's ``LstmForwardResult.saved`` whole, instead of i ... tanhc and
+            dropout_masks: ``lstm_backward(x, hx, params, dy, dh, dc, saved=fwd.saved)``.
         dropout_masks: the forward's ``saved.dropout_masks`` (L-1 arrays [T, B, D*H]); required
-            when dropout > 0, train and num_layers > 1.
+            when dropout > 0, train and num_layers > 1 (taken from ``saved`` where given).
         impl: the engine: "fused" (the default: NumPy GEMMs + Numba kernels, float32 compute
             for float16/float32) or "reference" (the float64 oracle of docs/math.md).
 
@@ -349,22 +355,24 @@ def lstm_backward(
         >>> fwd = lstmgrad.lstm_forward(x, params)
         >>> dy = np.ones_like(fwd.output)
         >>> grads = lstmgrad.lstm_backward(x, [np.zeros((1, 3, 6), np.float32)] * 2, params,
-        ...                                dy, None, None, *fwd.saved[:7])
+        ...                                dy, None, None, saved=fwd.saved)
         >>> grads.dx.shape, grads.dh_prev.shape, [p.shape for p in grads.dparams][:2]
         ((5, 3, 4), (1, 3, 6), [(24, 4), (24, 6)])
     """
     fn = "lstm_backward"
     impl = check_impl(fn, impl)
+    lists, dropout_masks, masks_name = unpack_saved(
+        fn, saved, (i, g, f, o, h, c, tanhc), batch_sizes, dropout_masks, input
+    )
     a, torch_io = from_torch(fn, {
-        "input": input, "hx": hx, "params": params, "dy": dy, "dh": dh, "dc": dc, "i": i,
-        "g": g, "f": f, "o": o, "h": h, "c": c, "tanhc": tanhc, "batch_sizes": batch_sizes,
+        "input": input, "hx": hx, "params": params, "dy": dy, "dh": dh, "dc": dc,
+        **dict(zip(SAVED_NAMES, lists, strict=True)), "batch_sizes": batch_sizes,
         "dropout_masks": dropout_masks,
     })  # fmt: skip
     call = check_backward(
         fn, a["input"], a["hx"], a["params"], a["dy"], a["dh"], a["dc"],
-        tuple(a[n] for n in ("i", "g", "f", "o", "h", "c", "tanhc")), a["batch_sizes"],
-        has_bias, num_layers, dropout, train, bidirectional, batch_first, output_mask,
-        a["dropout_masks"],
+        tuple(a[n] for n in SAVED_NAMES), a["batch_sizes"], has_bias, num_layers, dropout,
+        train, bidirectional, batch_first, output_mask, a["dropout_masks"], masks_name,
     )  # fmt: skip
     if not torch_io:
         return run_backward(call, None, impl, array_gemm())

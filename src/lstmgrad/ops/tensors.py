@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core import env
 from ..core.errors import LstmInvalidArgumentError
 from ..core.machine import native_bfloat16, torch_threads
 from ..fused.gemm import NUMPY_GEMM, FixedGemm, dense, loop_product, prepared, transposed_product
@@ -130,8 +131,9 @@ def _is_dense(a: np.ndarray) -> bool:
 
 
 def private_ops_allowed() -> bool:
-    """False where LSTMGRAD_PRIVATE_OPS=0: torch's public operations only (torch.mm)."""
-    return os.environ.get("LSTMGRAD_PRIVATE_OPS", "1").strip().lower() not in ("0", "off", "no")
+    """False where LSTMGRAD_PRIVATE_OPS=0 (or off, false, no): torch's public operations only
+    (torch.mm); ValueError for a value that is no switch (:mod:`lstmgrad.core.env`)."""
+    return env.choice(env.PRIVATE_OPS, "on", env.SWITCH_VALUES) == "on"
 
 
 def _once(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
@@ -643,11 +645,8 @@ def array_gemm() -> Any:
     ``LSTMGRAD_BLAS=torch`` (torch imported at the first such call; the arrays are viewed, not
     copied). torch's MKL and oneDNN run the small per-step products 1.4-1.8x faster than the
     OpenBLAS of NumPy's wheels (docs/performance.md); results agree to rounding, not bits."""
-    choice = os.environ.get("LSTMGRAD_BLAS", "numpy").strip().lower()
-    if choice in ("", "numpy"):
+    if env.choice(env.BLAS, "numpy", env.BLAS_VALUES) == "numpy":
         return NUMPY_GEMM
-    if choice != "torch":
-        raise ValueError(f"LSTMGRAD_BLAS: expected 'numpy' or 'torch', got {choice!r}")
     if _torch() is None:
         try:
             import torch  # noqa: F401  (loaded once; the back end takes it from sys.modules)

@@ -89,15 +89,17 @@ def forced(**fields: Any) -> Iterator[None]:
 
 def mode() -> str:
     """LSTMGRAD_TUNE: "on" (default), "eager", "cached" or "off" (:func:`eager` makes "on"
-    eager for a block)."""
-    value = os.environ.get("LSTMGRAD_TUNE", "on").strip().lower()
-    if value in ("0", "off", "false", "no", "safe"):
-        return "off"
-    if value in ("cached", "cache"):
-        return "cached"
-    if value == "eager" or _eager.get():
-        return "eager"
-    return "on"
+    eager for a block). ValueError naming the variable, its value and the choices for any
+    other value (:func:`_tune_setting`)."""
+    setting = _tune_setting()
+    return "eager" if setting == "on" and _eager.get() else setting
+
+
+def _tune_setting() -> str:
+    """LSTMGRAD_TUNE's mode as set, checked by :func:`lstmgrad.core.env.choice`."""
+    from ..core.env import TUNE, TUNE_VALUES, choice
+
+    return choice(TUNE, "on", TUNE_VALUES)
 
 
 _eager: contextvars.ContextVar[bool] = contextvars.ContextVar("lstmgrad_eager", default=False)
@@ -187,7 +189,7 @@ def _carry_path() -> Path:
 def _carry_over() -> None:
     """At exit: leave the unspent call seconds to the next process (under LSTMGRAD_TUNE=on), at
     most :data:`lstmgrad.planning.store.CARRY_MAX`."""
-    if mode() != "on" or budget.calls <= 0:
+    if budget.calls <= 0 or mode() != "on":  # no call ran: LSTMGRAD_TUNE is not read at exit
         return
     budget.carried()
     unspent = min(disk.CARRY_MAX, max(0.0, budget.calls - budget.measured / MEASURE_SHARE))

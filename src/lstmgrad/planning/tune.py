@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -702,15 +703,71 @@ def describe(p: Plan) -> str:
 # ``lstmgrad tune``
 
 
-def parse_shape(text: str) -> dict[str, int]:
-    """ "T,B,I,H[,L[,D]]" -> dims fields (L = D = 1 by default)."""
+SHOW_KINDS = ("big", "steps", "gate", "probe")
+"""The kinds of stored entries, in the order ``lstmgrad tune --show`` lists them."""
+
+_CLASS_SIZES = ("N", "T", "B", "I", "H", "D")
+
+
+def _class_text(key: str) -> tuple[str, str]:
+    """(kind, "dtype sizes") of a stored entry's key (its class as JSON)."""
     try:
-        values = [int(v) for v in text.split(",")]
+        cls = json.loads(key)
     except ValueError:
-        values = []
-    if not 4 <= len(values) <= 6 or min(values) < 1 or (len(values) == 6 and values[5] > 2):
-        raise ValueError(
-            f"expected a shape T,B,I,H[,L[,D]] of positive integers (D 1 or 2), got {text!r}"
-        )
-    values += [1] * (6 - len(values))
-    return dict(zip("TBIHLD", values, strict=True))
+        return "?", key
+    if not isinstance(cls, dict):
+        return "?", key
+    sizes = " ".join(f"{k}{cls[k]}" for k in _CLASS_SIZES if k in cls)
+    return str(cls.get("what", "?")), f"{cls.get('dtype', '?')} {sizes}".strip()
+
+
+def _plan_text(kind: str, entry: dict[str, Any], gate_margin: float) -> str:
+    """What an entry decided, compactly: the plan fields that differ from :data:`SAFE`
+    ("safe" where none does), a gate's ratio and verdict, or "probe"."""
+    if kind == "probe":
+        return "probe (product speeds for the default plan)"
+    if kind == "gate":
+        ratio = entry.get("ratio")
+        if not isinstance(ratio, (int, float)):
+            return "-"
+        used = "measured plan used" if ratio >= gate_margin else "default plan kept"
+        return f"measured plan {ratio:.2f}x as fast as the default: {used}"
+    fields = entry.get("plan")
+    if not isinstance(fields, dict):
+        return "-"
+    safe = dataclasses.asdict(SAFE)
+    changed = [f"{k}={v}" for k, v in fields.items() if safe.get(k, v) != v or k not in safe]
+    return ", ".join(changed) if changed else "safe"
+
+
+def show_lines(record: dict[str, Any], gate_margin: float) -> list[str]:
+    """``lstmgrad tune --show``: the mode, the store and a table of its entries (kind, class
+    sizes, what it decided, when it was measured) from :func:`lstmgrad.planning.plan.show`'s
+    record; ``gate_margin`` is the ratio a gate needs for the measured plan
+    (:data:`lstmgrad.planning.plan.GATE_MARGIN`)."""
+    out = [f"mode     {record.get('mode')} (LSTMGRAD_TUNE)"]
+    if record.get("overrides"):
+        forced = ", ".join(f"{k}={v}" for k, v in record["overrides"].items())
+        out.append(f"forced   {forced} (LSTMGRAD_PLAN)")
+    for backend in ("numpy", "torch"):
+        store = record.get(backend)
+        if not isinstance(store, dict):
+            continue
+        entries = store.get("entries") or {}
+        out += ["", f"{backend:8s} {store.get('file')}: {len(entries)} entries"]
+        if not entries:
+            continue
+        rows = [("kind", "class", "plan (fields other than the safe plan's)", "measured")]
+        order = {k: j for j, k in enumerate(SHOW_KINDS)}
+        for kind, key, entry in sorted(
+            ((*_class_text(k), e) for k, e in entries.items()),
+            key=lambda r: (order.get(r[0], len(order)), r[1]),
+        ):
+            when = entry.get("measured_at", "-") if isinstance(entry, dict) else "-"
+            what = _plan_text(kind, entry, gate_margin) if isinstance(entry, dict) else "-"
+            rows.append((kind, key, what, str(when)))
+        width = [max(len(r[j]) for r in rows) for j in range(3)]
+        out += ["  ".join(v.ljust(width[j]) if j < 3 else v for j, v in enumerate(r)).rstrip()
+                for r in rows]  # fmt: skip
+    out += ["", "the whole record: lstmgrad tune --show --json"]
+    return out

@@ -24,14 +24,10 @@ import numpy as np
 
 from ..core.errors import torch_missing
 from ..core.machine import _cgroup_cpus, cpu_model
+from .shapes import lstm_flops
 
 Dims = tuple[int, int, int, int, int, int]  # T, B, I, H, L, D
-SHAPES: dict[str, Dims] = {
-    "med-3": (100, 32, 256, 256, 1, 1),
-    "small-2": (200, 8, 128, 128, 1, 2),
-    "large-1": (50, 16, 1024, 1024, 1, 1),
-}
-DEFAULT_SHAPES = ("med-3", "small-2", "large-1")
+DEFAULT_SHAPES = ("med-3", "small-2", "large-1")  # names of lstmgrad.tools.shapes.SHAPES
 PEAK_GEMMS = ((2048, 1024, 1024), (3200, 1024, 1024))  # [M, K] x [K, N], float32
 # float16: smaller, because a CPU without float16 arithmetic runs it ~100x slower
 PEAK_GEMMS_F16 = ((256, 1024, 1024),)
@@ -49,8 +45,7 @@ def flops(dims: Dims, part: str) -> int:
     """GEMM FLOPs of the "backward" (16*T*B*H*(H + I_l) per layer and direction) or the
     "forward" (8*T*B*H*(H + I_l)); I_l = I for layer 0, D*H above."""
     t, b, i, h, n_layers, d = dims
-    per = 16 if part == "backward" else 8
-    return sum(d * per * t * b * h * (h + (i if k == 0 else d * h)) for k in range(n_layers))
+    return lstm_flops(t * b, i, h, n_layers, d, part)
 
 
 def gemm_peak(

@@ -54,13 +54,16 @@ def _main(argv: list[str] | None) -> int:
         "tune",
         help="measure this machine's execution plans for given shapes (a few seconds a "
         "shape), or show / forget the stored measurements",
+        epilog=_shapes_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     tune.add_argument(
         "--shape",
         action="append",
         default=[],
+        type=_shape_arg,
         metavar="T,B,I,H[,L[,D]]",
-        help="a shape to measure (repeatable)",
+        help="a shape to measure (repeatable): its sizes, L and D 1 unless given, or a name below",
     )
     tune.add_argument(
         "--input",
@@ -73,8 +76,13 @@ def _main(argv: list[str] | None) -> int:
     tune.add_argument(
         "--show",
         action="store_true",
-        help="print what is stored for this machine's configuration (JSON; the default "
-        "without --shape or --reset)",
+        help="print what is stored for this machine's configuration: a line per measured "
+        "class of shapes (the default without --shape or --reset)",
+    )
+    tune.add_argument(
+        "--json",
+        action="store_true",
+        help="print what is stored as JSON (the whole record) instead of the table; implies --show",
     )
     tune.add_argument(
         "--reset",
@@ -102,13 +110,11 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from ..planning import plan, tune
+    from ..planning import plan
 
     kind = "torch" if args.input == "tensors" else "numpy"
-    try:
-        shapes = [tune.parse_shape(s) for s in args.shape]
-    except ValueError as exc:
-        print(f"lstmgrad tune: --shape: {exc}", file=sys.stderr)
+    shapes = [s.sizes() for s in args.shape]
+    if (shapes or args.show or args.json or not args.reset) and _bad_environment("tune"):
         return 2
     if kind == "torch":
         try:
@@ -126,6 +132,7 @@ def _tune(args: argparse.Namespace) -> int:
             print(f"nothing stored at {plan.cache_dir()}")
     unstored = 0
     from ..ops.api import tune_shapes
+    from ..planning import tune
 
     for row in tune_shapes(shapes, kind, args.dtype) if shapes else ():
         s = row["shape"]
@@ -136,8 +143,12 @@ def _tune(args: argparse.Namespace) -> int:
             where += f"; measured plan {row['gate']:.2f}x as fast as the default: {kept} used"
         print(f"T{s['T']} B{s['B']} I{s['I']} H{s['H']} L{s['L']} D{s['D']} ({args.input}, "
               f"{args.dtype}): {row['plan'].describe()} [{row['seconds']:.2f} s; {where}]")  # fmt: skip
-    if args.show or not (shapes or args.reset):
-        print(json.dumps(plan.show(), indent=1, default=str))
+    if args.show or args.json or not (shapes or args.reset):
+        stored = plan.show()
+        if args.json:
+            print(json.dumps(stored, indent=1, default=str))
+        else:
+            print("\n".join(tune.show_lines(stored, plan.GATE_MARGIN)))
     if unstored:
         print(f"lstmgrad tune: {unstored} of {len(shapes)} shapes stored nothing (see above): "
               "later processes will measure them again", file=sys.stderr)  # fmt: skip
@@ -145,34 +156,91 @@ def _tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from .bench import DEFAULT_SHAPES, SHAPES
+def _bad_environment(command: str) -> bool:
+    """Whether an LSTMGRAD_* variable holds a value outside its choices (then said on stderr):
+    checked before a command's work, which would stop at its first call."""
+    from ..core import env
+    from ..planning import plan
 
-    known = ", ".join(f"{k} (T,B,I,H,L,D = {','.join(map(str, v))})" for k, v in SHAPES.items())
+    try:
+        env.check()
+        plan.overrides()  # LSTMGRAD_PLAN
+    except ValueError as exc:
+        print(f"lstmgrad {command}: {exc}", file=sys.stderr)
+        return True
+    return False
+
+
+def _shapes_epilog() -> str:
+    """The named shapes a --shape takes, for a command's --help."""
+    from . import shapes
+
+    varlen = " and ".join(s.id for s in shapes.SHAPES if s.varlen)
+    return "\n".join(["named shapes (T,B,I,H,L,D):", *shapes.help_lines(),
+                      f"(the variable-length shapes {varlen} are timed by the repository's",
+                      "benchmarks/run.py)"])  # fmt: skip
+
+
+def _shape_arg(text: str) -> Any:
+    """A shape as T,B,I,H[,L[,D]] or a dense shape's name (argparse type of --shape)."""
+    from . import shapes
+
+    try:
+        return shapes.parse_shape(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _shape_names(text: str) -> Any:
+    """Comma-separated names of dense shapes (argparse type of bench's --shapes)."""
+    from . import shapes
+
+    try:
+        return shapes.parse_names(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from .bench import DEFAULT_SHAPES
+
     p = sub.add_parser(
         "bench",
         help="time lstmgrad against torch.nn.LSTM on this machine (backward alone and forward + "
         "backward, both in this process, interleaved; --workload: inside models); needs "
         "PyTorch; about half a minute on 2 cores",
-        description="Quick side-by-side benchmark of lstmgrad and torch.nn.LSTM on this "
-        f"machine. Shapes: {known}. At the defaults it takes about half a minute on 2 cores "
-        "(--quick: about 10 s); the first run on a machine adds up to half a minute of "
-        "compiling kernels and measuring the shapes' plans. A line per shape shows progress. "
-        "--workload times lstmgrad.nn.LSTM against torch.nn.LSTM inside models instead: grid, "
-        "a training step and an eval forward of Embedding -> LSTM -> Linear over a fixed sample "
-        "of 40 realistic shapes (about 5-10 minutes on 2 cores with an empty plan cache); "
-        "word-lm, the word-level language model of PyTorch's examples/word_language_model on a "
-        "generated corpus, both sides trained alternately (about 1.5 minutes); tagger, a packed "
-        "sequence tagger (character and word BiLSTMs over PackedSequences), each side in fresh "
-        "processes, a first run on empty plan and Numba caches, then a second run on them "
-        "(about 1 minute). With --quick each workload takes well under a minute.",
+        description=textwrap.fill(
+            "Quick side-by-side benchmark of lstmgrad and torch.nn.LSTM on this machine, on "
+            "named shapes (below) or one given by its sizes. At the defaults it takes about half "
+            "a minute on 2 cores (--quick: about 10 s); the first run on a machine adds up to "
+            "half a minute of compiling kernels and measuring the shapes' plans. A line per "
+            "shape shows progress. --workload times lstmgrad.nn.LSTM against torch.nn.LSTM "
+            "inside models instead: grid, a training step and an eval forward of Embedding -> "
+            "LSTM -> Linear over a fixed sample of 40 realistic shapes (about 5-10 minutes on 2 "
+            "cores with an empty plan cache); word-lm, the word-level language model of "
+            "PyTorch's examples/word_language_model on a generated corpus, both sides trained "
+            "alternately (about 1.5 minutes); tagger, a packed sequence tagger (character and "
+            "word BiLSTMs over PackedSequences), each side in fresh processes, a first run on "
+            "empty plan and Numba caches, then a second run on them (about 1 minute). With "
+            "--quick each workload takes well under a minute.",
+            78,
+        ),
+        epilog=_shapes_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     group = p.add_mutually_exclusive_group()
     group.add_argument(
         "--shapes",
+        type=_shape_names,
+        metavar="NAME[,NAME...]",
         help=f"comma-separated shape names (default {','.join(DEFAULT_SHAPES)})",
     )
-    group.add_argument("--shape", metavar="T,B,I,H,L,D", help="one shape given by its sizes")
+    group.add_argument(
+        "--shape",
+        type=_shape_arg,
+        metavar="T,B,I,H[,L[,D]]",
+        help="one shape: its sizes, L and D 1 unless given, or a name",
+    )
     p.add_argument("--dtype", choices=("float32", "float16"), default=None)
     p.add_argument(
         "--rounds",
@@ -215,14 +283,6 @@ QUICK_ROUNDS = 3
 WORKLOADS = ("grid", "word-lm", "tagger")
 
 
-def _parse_shape(text: str) -> tuple[int, int, int, int, int, int]:
-    """``"T,B,I,H,L,D"`` as six positive integers, D 1 or 2 (ValueError otherwise)."""
-    v = tuple(int(s) for s in text.split(","))
-    if len(v) != 6 or min(v) < 1 or v[5] not in (1, 2):
-        raise ValueError(f"expected T,B,I,H,L,D (positive integers, D 1 or 2), got {text!r}")
-    return v  # type: ignore[return-value]
-
-
 def _bench(args: argparse.Namespace) -> int:
     from . import bench
 
@@ -238,6 +298,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.rounds is not None and args.rounds < 1:
         print("lstmgrad bench: --rounds must be at least 1", file=sys.stderr)
         return 2
+    if _bad_environment("bench"):
+        return 2
     if args.workload is not None:
         return _bench_workload(args, busy)
     if busy:
@@ -248,18 +310,16 @@ def _bench(args: argparse.Namespace) -> int:
     args.input = args.input or "tensors"
     if args.rounds is None:
         args.rounds = QUICK_ROUNDS if args.quick else 5
-    if args.shapes is None:
-        args.shapes = ",".join(QUICK_SHAPES if args.quick else bench.DEFAULT_SHAPES)
-    try:
-        if args.shape:
-            shapes = {"custom": _parse_shape(args.shape)}
-        else:
-            shapes = {n.strip(): bench.SHAPES[n.strip()] for n in args.shapes.split(",")}
-    except (KeyError, ValueError) as exc:
-        print(
-            f"lstmgrad bench: bad shape: {exc}; known: {', '.join(bench.SHAPES)}", file=sys.stderr
-        )
-        return 2
+    from .shapes import BY_ID
+
+    if args.shape:  # sizes are "custom" in the record and its tables
+        named = [args.shape]
+        names = [args.shape.id if args.shape.id in BY_ID else "custom"]
+    else:
+        named = args.shapes or [BY_ID[n] for n in (QUICK_SHAPES if args.quick
+                                                   else bench.DEFAULT_SHAPES)]  # fmt: skip
+        names = [s.id for s in named]
+    shapes = {n: (s.T, s.B, s.I, s.H, s.L, s.D) for n, s in zip(names, named, strict=True)}
 
     def progress(doc: dict[str, Any]) -> None:
         if not doc["results"]:
