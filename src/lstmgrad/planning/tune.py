@@ -297,9 +297,10 @@ def _walk_product_times(gemm: Any, w_hh: np.ndarray, rows: int, cd: np.dtype, pa
     return times
 
 
-def _gate_seconds(b: int, h: int, cd: np.dtype, parts: int = 1) -> float:
-    """Seconds of one step's gate maths, forward and backward, for b rows on one thread, or
-    with the rows split over ``parts`` threads (the step kernels as the engine calls them)."""
+def _gate_step(b: int, h: int, cd: np.dtype) -> Callable[[int, int], Callable[[], None]]:
+    """Random operands of one step's gate maths for b rows, and ``step(n, parts)``: a run of
+    the forward's and the backward's step kernels on the first n rows, on one thread (parts 1)
+    or with the rows split over ``parts`` threads, as the engine calls them."""
     from ..fused import kernels, walks
 
     rng = np.random.default_rng(2)
@@ -310,17 +311,27 @@ def _gate_seconds(b: int, h: int, cd: np.dtype, parts: int = 1) -> float:
     dg, db = np.empty((b, 4 * h), cd), np.zeros((b, 4 * h), cd)
     dy = _rand(rng, (b, h), cd)
 
-    def step() -> None:
-        if parts > 1:
-            walks.forward_step_split(gx, gh, bias, st[0], st[1], b, parts, *acts)
-            walks.backward_step_split(dy, True, st[0], st[1], *acts[:4], acts[6], acts[7], dg,
-                                      b, db, True, parts)  # fmt: skip
-        else:
-            kernels.forward_step(gx, gh, bias, st[0], st[1], b, *acts)
-            kernels.backward_step(dy, True, st[0], st[1], *acts[:4], acts[6], acts[7], dg, b,
-                                  db, True)  # fmt: skip
+    def step(n: int, parts: int) -> Callable[[], None]:
+        def run() -> None:
+            if parts > 1:
+                walks.forward_step_split(gx, gh, bias, st[0], st[1], n, parts, *acts)
+                walks.backward_step_split(dy, True, st[0], st[1], *acts[:4], acts[6], acts[7],
+                                          dg, n, db, True, parts)  # fmt: skip
+            else:
+                kernels.forward_step(gx, gh, bias, st[0], st[1], n, *acts)
+                kernels.backward_step(dy, True, st[0], st[1], *acts[:4], acts[6], acts[7], dg,
+                                      n, db, True)  # fmt: skip
 
-    return _timed(step, _reps(_timed(step, 1)) * 3)
+        return run
+
+    return step
+
+
+def _gate_seconds(b: int, h: int, cd: np.dtype, parts: int = 1) -> float:
+    """Seconds of one step's gate maths, forward and backward, for b rows on one thread, or
+    with the rows split over ``parts`` threads."""
+    run = _gate_step(b, h, cd)(b, parts)
+    return _timed(run, _reps(_timed(run, 1)) * 3)
 
 
 PROBE_BIG_ROWS = 256
@@ -386,30 +397,11 @@ def _split_min(b: int, h: int, cd: np.dtype, parts: int) -> int:
     """The smallest step (rows * H) from which the step kernels split over ``parts`` threads
     beat one thread, forward and backward together, for row counts B, B/2, B/4, ... (a step
     larger than B * H splits where B does); B * H + 1 where they never do."""
-    from ..fused import kernels, walks
-
-    rng = np.random.default_rng(2)
-    gx, gh = _rand(rng, (b, 4 * h), cd), _rand(rng, (b, 4 * h), cd)
-    bias = np.zeros(4 * h, cd)
-    st = np.zeros((2, b, h), cd)
-    acts = np.zeros((8, b, h), cd) + cd.type(0.5)
-    dg, db = np.empty((b, 4 * h), cd), np.zeros((b, 4 * h), cd)
-    dy = _rand(rng, (b, h), cd)
+    step = _gate_step(b, h, cd)
     split_min = b * h + 1
     n = b
     while n >= 1:
-
-        def serial(n: int = n) -> None:
-            kernels.forward_step(gx, gh, bias, st[0], st[1], n, *acts)
-            kernels.backward_step(dy, True, st[0], st[1], *acts[:4], acts[6], acts[7], dg, n,
-                                  db, True)  # fmt: skip
-
-        def split(n: int = n) -> None:
-            walks.forward_step_split(gx, gh, bias, st[0], st[1], n, parts, *acts)
-            walks.backward_step_split(
-                dy, True, st[0], st[1], *acts[:4], acts[6], acts[7], dg, n, db, True, parts
-            )
-
+        serial, split = step(n, 1), step(n, parts)
         one = _timed(serial, 1)
         reps = _reps(one) * 3
         if _timed(split, reps) >= _timed(serial, reps):
