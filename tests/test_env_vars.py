@@ -123,8 +123,9 @@ def test_import_never_fails_on_a_bad_value():
 @pytest.mark.parametrize(
     "argv",
     [["tune", "--show"], ["tune"], ["tune", "--shape", "5,2,3,4"], ["bench", "--quick"],
-     ["bench", "--workload", "grid", "--quick"]],
-    ids=["tune-show", "tune", "tune-shape", "bench", "bench-workload"],
+     ["bench", "--workload", "grid", "--quick"],
+     ["check", str(Path(__file__).parent / "data" / "msprobe-26.2.0-cpu")]],
+    ids=["tune-show", "tune", "tune-shape", "bench", "bench-workload", "check"],
 )  # fmt: skip
 def test_commands_say_which_variable_is_wrong(monkeypatch, capsys, tmp_path, argv, name, value,
                                               says, got):  # fmt: skip

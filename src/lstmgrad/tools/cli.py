@@ -671,6 +671,8 @@ def _write_outputs(args: argparse.Namespace, reports: list[Any], rule: str,
 
 
 def _check(args: argparse.Namespace) -> int:
+    if _bad_environment("check"):
+        return 2
     path = Path(args.path)
     if not (args.aclnn_backward or args.aclnn_forward) and path.suffix in (".npz", ".pt"):
         return _check_lstmgrad_dump(args)
