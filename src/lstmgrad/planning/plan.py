@@ -660,6 +660,13 @@ def _budget_only(seconds: float, work: float = 1.0) -> None:
     note_call(seconds)
 
 
+def _first(chosen: Plan, default: Plan | None, key: tuple) -> tuple[bool, Plan]:
+    """Whether a measured plan is in use (it differs from the default and has not lost to it),
+    and the plan a call of these sizes starts with."""
+    measured = default is not None and key not in _lost_keys
+    return measured, chosen if default is None or measured else default
+
+
 def plan_call(dims: Dims, dtype: np.dtype, gemm: Any, part: Any, sample: bool = True,
               inference: bool = False) -> tuple[Plan, Callable[..., None]]:  # fmt: skip
     """:func:`plan_for` for one call of ``part`` (what makes calls of these sizes comparable:
@@ -671,8 +678,7 @@ def plan_call(dims: Dims, dtype: np.dtype, gemm: Any, part: Any, sample: bool = 
     call is a dense inference forward, which a plan's ``library_lstm`` runs on the library's
     own LSTM: the engine's plans are its fallbacks."""
     chosen, default, key = _planned(dims, dtype, gemm)
-    measured = default is not None and key not in _lost_keys  # and still in use
-    first = chosen if default is None or measured else default
+    measured, first = _first(chosen, default, key)
     if not sample or not key:  # LSTMGRAD_TUNE=off: the safe plan always
         return first, _budget_only
     if (key, part) not in _watches:
@@ -717,9 +723,7 @@ def library_inference(dims: Dims, dtype: np.dtype, gemm: Any,
         return None
     watch = _watches[(key, part)]
     if watch is None:  # nothing to fall back to: plan_call's first plan always
-        measured = default is not None and key not in _lost_keys
-        first = chosen if default is None or measured else default
-        return _budget_only if first.library_lstm else None
+        return _budget_only if _first(chosen, default, key)[1].library_lstm else None
     if not watch.plans[watch.using].library_lstm or watch.sampling_next():
         return None
     plan, sampled = watch.pick(True)
